@@ -125,10 +125,10 @@ def load_file(path: str | Path, device: str = "cpu", dtype: str = "fp32", seed: 
                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     if isinstance(raw, torch.Tensor) or not isinstance(raw, (list, tuple)):
         raise UserError(f"{path}: get_inputs() must return a list of tensors, not {type(raw).__name__}")
-    if not any(isinstance(x, torch.Tensor) for x in raw):
+    inputs = [_move(x, device, torch_dtype, f"{path}: get_inputs()[{i}]") for i, x in enumerate(raw)]
+    if not any(isinstance(x, torch.Tensor) for x in inputs):
         raise UserError(f"{path}: get_inputs() returned no tensor; it must return the forward's tensors")
     model = model.to(device=device, dtype=torch_dtype).eval()
-    inputs = [_move(x, device, torch_dtype, f"{path}: get_inputs()[{i}]") for i, x in enumerate(raw)]
     loaded = LoadedModel(str(path), model, inputs, device, dtype)
     if device != "meta":
         check_runs(loaded)

@@ -72,7 +72,8 @@ class Profile:
         """Inverse of to_json; raises ValueError on a malformed profile."""
         if not isinstance(d, dict) or "tasks" not in d:
             raise ValueError("Invalid profile: expected a JSON object with a 'tasks' list")
-        known = {"format", "model", "device", "dtype", "total_ms", "forward_ms", "nodes", "capture_s", "tasks"}
+        known = {"format", "model", "device", "dtype", "total_ms", "forward_ms", "nodes", "capture_s",
+                 "tasks"}
         return cls(
             model=str(d.get("model", "?")), device=str(d.get("device", "?")), dtype=str(d.get("dtype", "?")),
             total_ms=d.get("total_ms"), tasks=tuple(Task.parse(t) for t in d["tasks"]),

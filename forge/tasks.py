@@ -20,7 +20,7 @@ import torch.fx
 
 from forge.capture import TensorMeta, node_meta
 from forge.ops import Kind, family_of_region, kind_of, op_name, qualified_name
-from forge.regions import cut
+from forge.regions import cut, is_noop
 
 SOURCE_HEADER = "import operator\n\nimport torch\n\naten = torch.ops.aten\n"
 
@@ -141,7 +141,7 @@ def render(region: list[torch.fx.Node]) -> Rendered:
                     raise ValueError(f"region input {p.name} is not a tensor")
                 names[p] = f"in{len(ext)}"
                 ext.append(p)
-    outs = [n for n in region if any(u not in members for u in n.users)]
+    outs = [n for n in region if any(u not in members and not is_noop(u) for u in n.users)]
     body: list[str] = []
     uses_device = False
     for i, n in enumerate(region):
@@ -164,7 +164,7 @@ def render(region: list[torch.fx.Node]) -> Rendered:
     params = ", ".join(f'{names[p]}: "{m.short()}"' for p, m in zip(ext, in_metas, strict=True))
     if uses_device:
         params += (", " if params else "") + "device: torch.device | None = None"
-        first = f"in0.device if device is None else device" if ext else "device or torch.device('cpu')"
+        first = "in0.device if device is None else device" if ext else "device or torch.device('cpu')"
         body.insert(0, f"    device = {first}")
     ret = ", ".join(names[o] for o in outs)
     source = f"{SOURCE_HEADER}\n\ndef region({params}):\n" + "\n".join(body) + f"\n    return ({ret},)\n"

@@ -1,0 +1,2 @@
+x = 1
+raise RuntimeError("boom at import")

@@ -1,0 +1,88 @@
+"""Loading model files: the KernelBench convention and every bad-input error (exit 2, one line)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import EXAMPLES, MODELS
+
+from forge.cli import main
+from forge.errors import UserError
+from forge.model_input import load_file
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+@pytest.mark.parametrize(
+    ("file", "expected"),
+    [
+        ("does_not_exist.py", "model file not found"),
+        ("raises_on_import.py", "raised on import (line 2): RuntimeError: boom at import"),
+        ("no_model.py", "defines no `Model` class"),
+        ("no_get_inputs.py", "defines no get_inputs()"),
+        ("non_tensor_inputs.py", "returned a str, not a tensor"),
+        ("model_not_module.py", "must be a subclass of torch.nn.Module"),
+    ],
+)
+def test_bad_model_files_exit_2_with_one_line(capsys, file, expected):
+    code, err = run_cli(capsys, "profile", str(MODELS / file))
+    assert code == 2
+    assert expected in err
+    assert len(err.splitlines()) == 1 and err.startswith("forge: error: ")
+
+
+def test_dtype_the_model_cannot_take(capsys):
+    code, err = run_cli(capsys, "profile", str(MODELS / "fp32_only.py"), "--dtype", "bf16")
+    assert code == 2
+    assert "does not run in bf16 on cpu" in err and "try --dtype fp32" in err
+
+
+def test_unknown_dtype_and_device(capsys):
+    assert run_cli(capsys, "profile", str(EXAMPLES / "rmsnorm_swiglu.py"), "--dtype", "fp8")[1].endswith(
+        "unknown dtype 'fp8': use one of fp32, bf16, fp16")
+    code, err = run_cli(capsys, "profile", str(EXAMPLES / "rmsnorm_swiglu.py"), "--device", "tpu")
+    assert code == 2 and "unknown device 'tpu'" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when no GPU is present")
+def test_cuda_asked_for_and_absent(capsys):
+    code, err = run_cli(capsys, "profile", str(EXAMPLES / "rmsnorm_swiglu.py"), "--device", "cuda")
+    assert code == 2 and "no CUDA GPU is available here" in err and "--device cpu" in err
+
+
+def test_no_model_and_zoo_only_options(capsys):
+    assert run_cli(capsys, "profile")[1].endswith("no model given: pass a model file "
+                                                  "(e.g. examples/rmsnorm_swiglu.py) or --zoo NAME")
+    code, err = run_cli(capsys, "profile", str(EXAMPLES / "rmsnorm_swiglu.py"), "--layers", "2")
+    assert code == 2 and "--layers applies to --zoo models only" in err
+
+
+def test_console_script_exit_code():
+    """The installed entry point, in a real process: exit code 2 and one line on stderr."""
+    proc = subprocess.run([sys.executable, "-m", "forge.cli", "profile", str(MODELS / "no_model.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+
+
+def test_load_file_casts_model_and_float_inputs():
+    loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py", "cpu", "bf16")
+    assert all(p.dtype == torch.bfloat16 for p in loaded.model.parameters())
+    assert loaded.inputs[0].dtype == torch.bfloat16
+    assert not loaded.model.training
+
+
+def test_load_file_on_meta_allocates_nothing():
+    loaded = load_file(EXAMPLES / "groupnorm_silu_conv.py", "meta")
+    assert all(p.is_meta for p in loaded.model.parameters())
+    assert loaded.inputs[0].is_meta and loaded.inputs[0].shape == (4, 64, 64, 64)
+
+
+def test_user_error_is_an_exception_with_the_message():
+    with pytest.raises(UserError, match="model file not found"):
+        load_file("nowhere/model.py")

@@ -36,8 +36,8 @@ def print_profile(prof: Profile, top: int = 25, console: Console | None = None) 
         table.add_column("ms", justify="right")
         table.add_column("share", justify="right")
         table.add_column("cum.", justify="right")
-    table.add_column("first input")
-    table.add_column("ops")
+    table.add_column("first input", no_wrap=True)
+    table.add_column("ops", min_width=16)
     cum = 0.0
     rows = prof.tasks if top <= 0 else prof.tasks[:top]
     for i, t in enumerate(rows, 1):

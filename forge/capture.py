@@ -55,6 +55,14 @@ class TensorMeta:
             n *= s
         return n
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the elements (a broadcast or overlapping view counts its storage span once)."""
+        span = 1 + sum((s - 1) * st for s, st in zip(self.shape, self.stride, strict=True) if s > 0)
+        if any(s == 0 for s in self.shape):
+            span = 0
+        return min(span, self.numel) * self.torch_dtype.itemsize
+
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form: {"shape", "dtype", "stride"}."""
         return {"shape": list(self.shape), "dtype": self.dtype, "stride": list(self.stride)}

@@ -174,11 +174,15 @@ def family_of_op(target: Any) -> str:
 _NORM_MARKERS = {"rsqrt", "sqrt", "var", "var_mean", "std"}
 
 
-def family_of_region(targets: list[Any]) -> str:
-    """The op family of a region: its heavy op, else its reduction, else its most telling pointwise op."""
+def family_of_region(targets: list[Any], inverse_root: bool = False) -> str:
+    """The op family of a region: its heavy op, else its reduction, else its most telling pointwise op.
+
+    `inverse_root` says the region raises something to a negative power (Gemma writes RMSNorm's
+    rsqrt as `pow(x, -0.5)`), which makes a reduction region a normalization.
+    """
     fams = [family_of_op(t) for t in targets]
     kinds = [kind_of(t) for t in targets]
-    names = {op_name(t) for t in targets}
+    names = {op_name(t) for t in targets} | ({"rsqrt"} if inverse_root else set())
     for k, f in zip(kinds, fams, strict=True):
         if k is Kind.HEAVY or k is Kind.SINGLE:
             return f

@@ -40,6 +40,11 @@ class Task:
     share: float | None  # of the model's total time
     occurrences: tuple[tuple[str, ...], ...] = ()  # node names of each occurrence in the captured graph
 
+    @property
+    def bytes(self) -> int:
+        """Bytes one occurrence must move at least: each input read once, each output written once."""
+        return sum(m.nbytes for m in self.inputs + self.outputs)
+
     def reference(self) -> Callable[..., tuple[torch.Tensor, ...]]:
         """The region as a callable: inputs in `self.inputs` order -> tuple of outputs."""
         return compile_source(self.source)
@@ -53,6 +58,7 @@ class Task:
             "inputs": [m.to_json() for m in self.inputs],
             "outputs": [m.to_json() for m in self.outputs],
             "count": self.count,
+            "bytes": self.bytes,
             "ms": self.ms,
             "share": self.share,
             "source": self.source,
@@ -175,7 +181,9 @@ def render(region: list[torch.fx.Node]) -> Rendered:
     digest = hashlib.sha1(source.encode()).hexdigest()[:12]
     return Rendered(
         key=f"{op_name(primary).lstrip('_')}-{digest}",
-        family=family_of_region(targets),
+        family=family_of_region(targets, inverse_root=any(
+            op_name(n.target) == "pow" and isinstance(n.args[-1], (int, float)) and n.args[-1] < 0
+            for n in region)),
         ops=tuple(qualified_name(t) for t in targets),
         inputs=in_metas,  # type: ignore[arg-type]
         outputs=tuple(node_meta(o) for o in outs),  # type: ignore[misc]
@@ -202,4 +210,6 @@ def build_tasks(graph: torch.fx.Graph, node_ms: dict[str, float] | None = None) 
                           tuple(o.nodes for o in occ)))
     if node_ms is not None:
         tasks.sort(key=lambda t: -(t.ms or 0.0))
+    else:  # no times (meta capture): rank by the memory traffic of all occurrences
+        tasks.sort(key=lambda t: -t.count * t.bytes)
     return tasks

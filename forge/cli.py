@@ -33,7 +33,7 @@ def load_model(args: argparse.Namespace):  # noqa: ANN201 - returns forge.model_
     from forge import model_input
 
     sizes = {"layers": args.layers, "batch": args.batch, "seq": args.seq, "resolution": args.resolution}
-    if args.zoo and args.model:
+    if args.zoo and getattr(args, "model", None):
         raise UserError("give either a model file or --zoo NAME, not both")
     if args.zoo:
         return model_input.load_zoo(args.zoo, args.device, args.dtype,
@@ -61,6 +61,61 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """forge eval: one candidate through build, verification and timing; exit 0 if it passes, 1 if not."""
+    from pathlib import Path
+
+    from forge.evaluate import Evaluator, evaluation_fields
+    from forge.kernel import Candidate, TaskSpec
+    from forge.model_input import check_device
+    from forge.profile import Profile, profile_model
+    from forge.render import print_eval
+
+    path = Path(args.kernel)
+    if not path.is_file():
+        raise UserError(f"kernel file not found: {path}")
+    try:
+        cand = Candidate.from_file(path, args.backend)
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    device = check_device(args.device)
+    if args.profile:
+        if args.model or args.zoo:
+            raise UserError("give either --profile or a model (--model / --zoo), not both")
+        try:
+            prof = Profile.load(args.profile)
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot read profile {args.profile}: {e}") from e
+    else:
+        args.device = "meta"  # the task list needs shapes only
+        prof, _ = profile_model(load_model(args))
+    matches = [t for t in prof.tasks if t.key == args.task] or [t for t in prof.tasks if t.key.startswith(args.task)]
+    if len(matches) != 1:
+        some = ", ".join(t.key for t in prof.tasks[:8])
+        what = "no task" if not matches else f"{len(matches)} tasks"
+        raise UserError(f"{what} matching --task {args.task!r} in {prof.model} (tasks: {some}, ...)")
+    task = matches[0]
+    if cand.backend == "cpu" and device != "cpu" or cand.backend != "cpu" and device == "cpu":
+        raise UserError(f"a {cand.backend} kernel cannot run on --device {device}")
+    with Evaluator(device, timeout_s=args.timeout) as ev:
+        res = ev.evaluate(TaskSpec.of(task), cand)
+    print_eval(task, cand, res)
+    if not args.no_store:
+        from forge.store import Store
+
+        store = Store(args.db)
+        run = store.create_run(prof.model, device=device, dtype=prof.dtype, policy="manual",
+                               config={"command": "eval", "kernel": str(path)})
+        t = store.add_task(run.id, task.key, family=task.family, count=task.count, ms=task.ms, share=task.share,
+                           source=task.source, meta={"ops": list(task.ops)})
+        c = store.add_candidate(t.id, None, backend=cand.backend, source=cand.source, entry=cand.entry,
+                                origin="manual", status=res.status.value)
+        store.add_evaluation(c.id, **evaluation_fields(res))
+        store.update_run(run.id, state="done")
+        log.info("stored as run %s", run.id)
+    return 0 if res.status.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="forge", description="Make PyTorch models faster by searching "
@@ -74,6 +129,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=25, help="rows to show (0: all)")
     p.add_argument("--budget", type=float, default=5.0, help="seconds of timed runs (after warm-up)")
     p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("eval", help="build, verify and benchmark one kernel for one task")
+    p.add_argument("kernel", help="kernel source: .c/.cpp (cpu), .cu (cuda) or .py (triton)")
+    p.add_argument("--task", required=True, help="the task's key (or a unique prefix of it)")
+    p.add_argument("--model", help="the model file the task comes from")
+    p.add_argument("--zoo", metavar="NAME", help="or a reference model")
+    p.add_argument("--profile", metavar="JSON", help="or a profile written by forge profile --json")
+    p.add_argument("--device", default="cpu", help="where to verify and time: cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="fp32", help="the model's dtype (with --model / --zoo)")
+    p.add_argument("--backend", choices=["cpu", "cuda", "triton"], help="default: from the file suffix")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a hung candidate is killed")
+    p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
+    p.add_argument("--no-store", action="store_true", help="do not record the evaluation")
+    for name in ("layers", "batch", "seq", "resolution"):
+        p.add_argument(f"--{name}", type=int, help=f"zoo: {name}")
+    p.set_defaults(func=cmd_eval)
     return parser
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from forge.kernel import Candidate, EvalResult
 from forge.profile import Profile
+from forge.tasks import Task
 
 
 def _ops_summary(ops: tuple[str, ...], limit: int = 6) -> str:
@@ -50,3 +52,33 @@ def print_profile(prof: Profile, top: int = 25, console: Console | None = None) 
     console.print(table)
     if len(rows) < len(prof.tasks):
         console.print(f"... {len(prof.tasks) - len(rows)} more tasks (--top 0 shows all)")
+
+
+def print_eval(task: Task, cand: Candidate, res: EvalResult, console: Console | None = None) -> None:
+    """Print one evaluation as a two-column table."""
+    console = console or Console()
+    ok = res.status.passed
+    table = Table(title=f"{cand.backend} kernel for {task.key} ({task.family})", title_justify="left",
+                  show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("")
+    table.add_row("status", f"[{'green' if ok else 'red'}]{res.status.value}[/]")
+    if res.message:
+        table.add_row("message", res.message)
+    table.add_row("build", f"{res.build_s:.2f} s")
+    errs = [v for r in res.verify.get("sets", []) for k, v in r.items() if k.startswith("err")]
+    if errs:
+        table.add_row("verify", f"{len(res.verify['sets'])} input sets, max error {max(errs):.2e}")
+    if res.timing:
+        t = res.timing
+        table.add_row("kernel", f"median {t.median_us:.2f} us (p10 {t.p10_us:.2f}, p90 {t.p90_us:.2f}, n={t.n})")
+    if res.baseline:
+        b = res.baseline
+        table.add_row("eager", f"median {b.median_us:.2f} us (p10 {b.p10_us:.2f}, p90 {b.p90_us:.2f}, n={b.n})")
+    if res.speedup:
+        table.add_row("speedup", f"{res.speedup:.2f}x")
+    if res.floor_us:
+        table.add_row("floor", f"{res.floor_us:.2f} us ({task.bytes} bytes)")
+    console.print(table)
+    if not ok and res.build_log and res.status.value == "build_error":
+        console.print(res.build_log[-2000:])

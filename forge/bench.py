@@ -1,0 +1,105 @@
+"""Benchmarking: the one place forge times kernels (runs inside the worker).
+
+Method:
+- warm-up by time (at least `warmup_s`, and three calls) for the candidate and the baseline;
+- before every timed call, the last-level cache is flushed by writing a buffer larger than it
+  (CUDA: 2 x L2, at least 256 MiB; CPU: 256 MiB);
+- CUDA: a pair of events around the call and `torch.cuda.synchronize()` (device-wide) before reading
+  them, so work on any stream is counted; CPU: `time.perf_counter_ns` around the call;
+- candidate and baseline are interleaved call by call in the same process on the same inputs, until
+  both have `min_runs` samples and `budget_s` has passed (or `max_runs`);
+- statistics: median, p10, p90, mean and standard deviation, and the count.
+The roofline floor of a task is its minimum bytes over the device's measured copy bandwidth
+(`measure_bandwidth`); a candidate faster than that cannot be doing the work.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from forge.kernel import Timing
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """How long and how often to time."""
+
+    warmup_s: float = 0.05
+    budget_s: float = 0.5
+    min_runs: int = 10
+    max_runs: int = 200
+
+
+DEFAULT_BENCH = BenchConfig()
+
+def stats(samples_us: list[float]) -> Timing:
+    """Summary statistics of samples in microseconds."""
+    s = sorted(samples_us)
+    n = len(s)
+    return Timing(median_us=statistics.median(s), p10_us=s[int(0.1 * (n - 1))], p90_us=s[int(0.9 * (n - 1))],
+                  mean_us=statistics.fmean(s), std_us=statistics.pstdev(s) if n > 1 else 0.0, n=n)
+
+
+class Clock:
+    """Times one call on a device, flushing the cache before it."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        if self.cuda:
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
+            size = max(256 << 20, 2 * l2)
+        else:
+            size = 256 << 20
+        self.flush_buf = torch.empty(size // 4, dtype=torch.int32, device=device)
+
+    def flush(self) -> None:
+        """Evict the cache by writing a large buffer."""
+        self.flush_buf.fill_(1)
+
+    def time_us(self, fn: Callable[[], object]) -> float:
+        """Time one call of fn in microseconds, after a cache flush."""
+        self.flush()
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) * 1e3
+        t0 = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - t0) / 1e3
+
+
+def interleaved(clock: Clock, fns: list[Callable[[], object]], cfg: BenchConfig) -> list[Timing]:
+    """Time several callables call by call in turn; one Timing each."""
+    deadline = time.perf_counter() + cfg.warmup_s
+    for _ in range(3):
+        for fn in fns:
+            fn()
+    while time.perf_counter() < deadline:
+        for fn in fns:
+            fn()
+    if clock.cuda:
+        torch.cuda.synchronize()
+    samples: list[list[float]] = [[] for _ in fns]
+    deadline = time.perf_counter() + cfg.budget_s
+    while len(samples[0]) < cfg.max_runs and (len(samples[0]) < cfg.min_runs or time.perf_counter() < deadline):
+        for s, fn in zip(samples, fns, strict=True):
+            s.append(clock.time_us(fn))
+    return [stats(s) for s in samples]
+
+
+def measure_bandwidth(device: str, nbytes: int = 512 << 20) -> float:
+    """Device copy rate in bytes per second (read + write), median of several copies."""
+    src = torch.ones(nbytes // 4, dtype=torch.int32, device=device)
+    dst = torch.empty_like(src)
+    clock = Clock(device)
+    times = [clock.time_us(lambda: dst.copy_(src)) for _ in range(7)]
+    return 2 * nbytes / (statistics.median(times) * 1e-6)

@@ -1,0 +1,152 @@
+"""Static checks on a candidate's source before it is built: each broken rule is a clear reason.
+
+Rules (docs/kernel-abi.md): no calls into PyTorch/ATen compute; no memory allocation; no streams or
+threads other than the given stream (cuda) and OpenMP (cpu); no files, environment, network or
+processes; no timer tampering or code that runs at load. The worker's sandbox and the verifier catch
+what text patterns miss; these checks give the reason early and clearly.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from forge.kernel import Candidate, Status
+
+# (status, rule, regex) for C, C++ and CUDA sources; matched after comments are stripped. Names that
+# are also common words need a call's "(", the others match anywhere (a function pointer too).
+_C_RULES: list[tuple[Status, str, str]] = [
+    (Status.FORBIDDEN_TORCH, "calls into PyTorch/ATen",
+     r"#\s*include\s*[<\"](torch|ATen|c10)/|\b(at|torch|c10)::"),
+    (Status.FORBIDDEN_ALLOC, "allocates memory",
+     r"\b(malloc|calloc|realloc|posix_memalign|aligned_alloc|valloc|cudaMalloc\w*|cudaHostAlloc|"
+     r"cudaMallocHost|mmap|sbrk|operator\s+new)\b|\bnew\s+[\w:<>]+\s*[\[(]|"
+     r"\bstd::(vector|unique_ptr|shared_ptr|make_unique|make_shared|allocator)\b"),
+    (Status.FORBIDDEN_CONCURRENCY, "creates streams or threads",
+     r"\b(cudaStreamCreate\w*|cudaStreamPerThread|pthread_create|std::thread|std::async|std::jthread|"
+     r"vfork|cudaLaunchHostFunc|cudaStreamAddCallback)\b|\b(fork|clone)\s*\("),
+    (Status.FORBIDDEN_IO, "touches files, environment, network or processes",
+     r"\b(fopen|freopen|openat|ifstream|ofstream|fstream|getenv|secure_getenv|environ|setenv|putenv|"
+     r"popen|execl|execlp|execle|execv|execvp|execve|dlopen|dlsym|syscall|ptrace|unlink)\b|"
+     r"\b(open|creat|system|socket|connect|bind|listen|remove|rename|chdir|kill|raise)\s*\(|"
+     r"#\s*include\s*<(fstream|sys/socket\.h|dlfcn\.h|unistd\.h|sys/syscall\.h|netinet/\w+\.h|"
+     r"arpa/inet\.h|spawn\.h|fcntl\.h)>|\"/(proc|dev|etc|tmp|home|root)/"),
+    (Status.FORBIDDEN_TIMER, "tampers with timers",
+     r"\b(clock_gettime|gettimeofday|rdtsc|__rdtsc|cudaEvent\w+|cudaProfilerStart|cudaProfilerStop|"
+     r"nanosleep|usleep)\b|\b(clock|time|sleep)\s*\(|\bstd::chrono\b|"
+     r"#\s*include\s*<(chrono|ctime|time\.h|sys/time\.h)>"),
+    (Status.FORBIDDEN_CODE, "runs code at load",
+     r"__attribute__\s*\(\(\s*(constructor|destructor)|\bLD_PRELOAD\b"),
+]
+_CPU_ONLY_RULES = [(Status.FORBIDDEN_CODE, "uses inline assembly", r"\b(asm|__asm__|__asm)\b")]
+
+_PY_ALLOWED_IMPORTS = {"triton", "triton.language", "math", "torch", "typing", "functools"}
+_PY_FORBIDDEN_NAMES = {"open", "eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr",
+                       "globals", "locals", "vars", "breakpoint", "input", "memoryview", "__builtins__"}
+_PY_TENSOR_METHODS = {"stride", "numel", "size", "dim", "data_ptr", "is_contiguous", "element_size",
+                      "ndimension"}
+_PY_CALLS = {"triton.cdiv", "triton.next_power_of_2", "len", "range", "min", "max", "int", "float", "tuple",
+             "list", "enumerate", "zip", "abs", "bool", "isinstance", "math.ceil", "math.sqrt", "math.log2",
+             "math.prod", "print"}
+
+
+def _strip_c_comments(src: str) -> str:
+    src = re.sub(r"/\*.*?\*/", " ", src, flags=re.S)
+    return re.sub(r"//[^\n]*", " ", src)
+
+
+Finding = tuple[Status, str]
+
+
+def check_c(source: str, backend: str, entry: str = "forge_launch") -> list[Finding]:
+    """Broken rules in a C/C++/CUDA source, each with its status and the offending text."""
+    code = _strip_c_comments(source)
+    rules = _C_RULES + (_CPU_ONLY_RULES if backend == "cpu" else [])
+    found: list[Finding] = []
+    for status, rule, pattern in rules:
+        m = re.search(pattern, code)
+        if m:
+            line = code.count("\n", 0, m.start()) + 1
+            found.append((status, f"{rule}: `{m.group(0).strip()}` (line {line})"))
+    if not re.search(rf"\b{re.escape(entry)}\s*\(", code):
+        found.append((Status.BAD_FORMAT, f"defines no `{entry}` launcher (see forge_abi.h)"))
+    return found
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return ""
+
+
+def _jit_functions(tree: ast.Module) -> set[ast.AST]:
+    out: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                target = d.func if isinstance(d, ast.Call) else d
+                if _dotted(target) in ("triton.jit", "jit", "triton.autotune", "triton.heuristics"):
+                    out.add(node)
+    return out
+
+
+_IMPORT_STATUS = {"threading": Status.FORBIDDEN_CONCURRENCY, "multiprocessing": Status.FORBIDDEN_CONCURRENCY,
+                  "concurrent": Status.FORBIDDEN_CONCURRENCY, "asyncio": Status.FORBIDDEN_CONCURRENCY,
+                  "time": Status.FORBIDDEN_TIMER, "timeit": Status.FORBIDDEN_TIMER}
+
+
+def check_python(source: str, entry: str = "launch") -> list[Finding]:
+    """Broken rules in a Triton candidate: imports, builtins, and torch compute outside @triton.jit."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        return [(Status.BAD_FORMAT, f"does not parse: {e.msg} (line {e.lineno})")]
+    found: list[Finding] = []
+    jit = _jit_functions(tree)
+    inside_jit: set[ast.AST] = set()
+    for f in jit:
+        inside_jit.update(ast.walk(f))
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for node in ast.walk(tree):
+        where = f" (line {getattr(node, 'lineno', '?')})"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for n in names:
+                if n not in _PY_ALLOWED_IMPORTS:
+                    status = _IMPORT_STATUS.get(n.split(".")[0], Status.FORBIDDEN_IO)
+                    found.append((status, f"imports `{n}`: only triton, triton.language, math and torch"
+                                  f"{where}"))
+        elif isinstance(node, ast.Name) and node.id in _PY_FORBIDDEN_NAMES:
+            found.append((Status.FORBIDDEN_CODE, f"uses `{node.id}`{where}"))
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
+            found.append((Status.FORBIDDEN_CODE, f"reaches into `{node.attr}`{where}"))
+        elif isinstance(node, ast.Call) and node not in inside_jit:
+            name = _dotted(node.func)
+            if isinstance(node.func, ast.Subscript):  # kernel[grid](...)
+                continue
+            if name in _PY_CALLS or name in defined:
+                continue
+            if isinstance(node.func, ast.Attribute) and node.func.attr in _PY_TENSOR_METHODS:
+                continue
+            if name.startswith("torch.cuda.") and "tream" in name:
+                found.append((Status.FORBIDDEN_CONCURRENCY, f"uses another stream: `{name}(...)`{where}"))
+            elif name.startswith("torch.") or isinstance(node.func, ast.Attribute):
+                found.append((Status.FORBIDDEN_TORCH, f"calls `{name or ast.unparse(node.func)}(...)` "
+                              f"outside a @triton.jit kernel (PyTorch compute is not allowed){where}"))
+            else:
+                found.append((Status.FORBIDDEN_CODE, f"calls `{name or ast.unparse(node.func)}(...)` outside "
+                              f"a @triton.jit kernel{where}"))
+    if entry not in defined:
+        found.append((Status.BAD_FORMAT, f"defines no `{entry}(inputs, outputs)` function"))
+    if not jit:
+        found.append((Status.BAD_FORMAT, "defines no @triton.jit kernel"))
+    return found
+
+
+def check(candidate: Candidate) -> list[Finding]:
+    """Every rule the candidate breaks, as (status, message); empty when it may be built."""
+    if candidate.backend == "triton":
+        return check_python(candidate.source, candidate.entry)
+    return check_c(candidate.source, candidate.backend, candidate.entry)

@@ -1,0 +1,115 @@
+"""Evaluation of candidates: static checks -> build (parallel, cached) -> verify and bench in a worker.
+
+`Evaluator.evaluate_many` builds a batch on all CPU cores at once while the device worker verifies and
+times the ones already built, one at a time. Every failure is an EvalResult with its status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from forge.bench import DEFAULT_BENCH, BenchConfig
+from forge.build import BuildPool, BuildResult
+from forge.checks import check
+from forge.kernel import Candidate, EvalResult, Status, TaskSpec
+from forge.worker import EvalRequest
+from forge.workers import Worker
+
+log = logging.getLogger(__name__)
+
+
+def device_arch(device: str) -> str | None:
+    """The nvcc architecture of a CUDA device ("sm_90"), asked of torch in this process (no context)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+class Evaluator:
+    """Judges candidates for tasks on one device."""
+
+    def __init__(self, device: str = "cpu", *, cache_dir: Path | None = None, build_workers: int | None = None,
+                 timeout_s: float = 120.0, bench: BenchConfig | None = DEFAULT_BENCH,
+                 memory_bytes: int | None = None, arch: str | None = None) -> None:
+        self.device = device
+        self.timeout_s = timeout_s
+        self.bench = bench
+        self.arch = arch or device_arch(device)
+        self.builds = BuildPool(build_workers, self.arch, cache_dir)
+        if memory_bytes is None and device == "cpu":
+            pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            memory_bytes = max(4 << 30, pages // 2)
+        self.worker = Worker(device, memory_bytes if device == "cpu" else None)
+
+    def _judge(self, task: TaskSpec, cand: Candidate, built: BuildResult, seed: int) -> EvalResult:
+        if not built.ok:
+            return EvalResult(Status.BUILD_ERROR, _first_error(built.log), build_log=built.log,
+                              build_s=built.seconds, device=self.device)
+        req = EvalRequest(task, cand.backend, built.path, cand.entry, seed, self.bench,
+                          floor_factor=0.8 if self.device.startswith("cuda") else 0.25)
+        res = self.worker.request(req, self.timeout_s)
+        return _with_build(res, built)
+
+    def evaluate(self, task: TaskSpec, cand: Candidate, seed: int = 0) -> EvalResult:
+        """One candidate through checks, build, verification and timing."""
+        return next(self.evaluate_many(task, [cand], seed))
+
+    def evaluate_many(self, task: TaskSpec, cands: list[Candidate], seed: int = 0) -> Iterator[EvalResult]:
+        """Results in the order of `cands`; builds run in parallel ahead of the worker."""
+        futures = []
+        for c in cands:
+            problems = check(c)
+            futures.append(problems if problems else self.builds.submit(c))
+        for i, (c, f) in enumerate(zip(cands, futures, strict=True)):
+            if isinstance(f, list):
+                status, _ = f[0]
+                yield EvalResult(status, "; ".join(m for _, m in f), device=self.device)
+                continue
+            yield self._judge(task, c, f.result(), seed + i)
+
+    def close(self) -> None:
+        """Stop the worker and the build threads."""
+        self.worker.close()
+        self.builds.close()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _first_error(log_text: str) -> str:
+    for line in log_text.splitlines():
+        if "error" in line.lower():
+            return line.strip()[:300]
+    return (log_text.strip().splitlines() or ["build failed"])[-1][:300]
+
+
+def _with_build(res: EvalResult, built: BuildResult) -> EvalResult:
+    from dataclasses import replace
+
+    return replace(res, build_log=built.log, build_s=built.seconds)
+
+
+def evaluation_fields(res: EvalResult) -> dict[str, object]:
+    """The keyword arguments of Store.add_evaluation for a result (median and spread included)."""
+    spread = None
+    if res.timing:
+        t = res.timing
+        spread = {"p10": t.p10_us, "p90": t.p90_us, "mean": t.mean_us, "std": t.std_us, "n": t.n,
+                  "floor_us": res.floor_us}
+    verify = dict(res.verify)
+    if res.baseline:
+        verify["baseline"] = {"median": res.baseline.median_us, "p10": res.baseline.p10_us,
+                              "p90": res.baseline.p90_us, "n": res.baseline.n}
+    return {"status": res.status.value, "message": res.message, "build_log": res.build_log, "verify": verify,
+            "time_us_median": res.timing.median_us if res.timing else None, "time_us_spread": spread,
+            "baseline_us_median": res.baseline.median_us if res.baseline else None, "device": res.device,
+            "device_seconds": res.device_s}

@@ -1,0 +1,148 @@
+"""Kernel candidates and their formats (the ABI), and the statuses an evaluation can end with.
+
+Backends (docs/kernel-abi.md has the full contract and examples):
+- `cpu`: C/C++ exporting `extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out,
+  int n_out)`, built with the system compiler (-O3 -march=native -fopenmp) into a shared library;
+- `cuda`: CUDA C++ exporting the same launcher with a trailing `cudaStream_t stream`, built with
+  `nvcc -shared` for the device's architecture;
+- `triton`: Python defining `@triton.jit` kernels and `launch(inputs, outputs)` over torch tensors.
+The harness allocates every output; a candidate only writes into it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from forge.capture import TensorMeta
+
+ABI_DIR = Path(__file__).resolve().parent / "abi"
+BACKENDS = ("cpu", "cuda", "triton")
+ENTRY = {"cpu": "forge_launch", "cuda": "forge_launch", "triton": "launch"}
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int64": 4, "int32": 5, "int8": 6,
+               "uint8": 7, "bool": 8}
+
+
+class Status(str, Enum):
+    """How an evaluation ended. Only OK passes; each kind of rejection has its own status."""
+
+    OK = "ok"
+    # Static checks (forge.checks), before building:
+    FORBIDDEN_TORCH = "forbidden_torch"  # calls into PyTorch/ATen compute
+    FORBIDDEN_ALLOC = "forbidden_alloc"  # allocates memory (the harness allocates every output)
+    FORBIDDEN_CONCURRENCY = "forbidden_concurrency"  # other streams or threads
+    FORBIDDEN_IO = "forbidden_io"  # files, environment, network, processes
+    FORBIDDEN_TIMER = "forbidden_timer"  # timer tampering
+    FORBIDDEN_CODE = "forbidden_code"  # code at load, inline assembly, Python outside the rules
+    BAD_FORMAT = "bad_format"  # no launcher, does not parse
+    # Building and running:
+    BUILD_ERROR = "build_error"
+    LAUNCH_ERROR = "launch_error"  # missing entry point, non-zero return, Python exception in a launcher
+    CRASH = "crash"  # the worker died: segfault, abort, illegal address
+    TIMEOUT = "timeout"  # a hang or an infinite loop
+    OUT_OF_MEMORY = "out_of_memory"
+    # Verification (forge.verify):
+    OUT_OF_BOUNDS = "out_of_bounds"  # wrote into the guard zone around an output
+    INPUT_MUTATED = "input_mutated"
+    PARTIAL_WRITE = "partial_write"  # some output element was left as the NaN poison
+    NONFINITE = "nonfinite"  # NaN or Inf where the reference has none
+    STALE_RESULT = "stale_result"  # the same output for different inputs (a cached result)
+    CONSTANT_OUTPUT = "constant_output"
+    LOW_PRECISION = "low_precision"  # error above tolerance, in the range of a lower precision
+    WRONG_RESULT = "wrong_result"
+    REFERENCE_ERROR = "reference_error"  # the reference itself failed on the generated inputs
+    # Benchmarking (forge.bench):
+    TOO_FAST = "too_fast"  # faster than the roofline floor allows: not doing the work
+
+    @property
+    def passed(self) -> bool:
+        """True only for OK."""
+        return self is Status.OK
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A kernel for a task: source text in one backend's format."""
+
+    backend: str
+    source: str
+    entry: str = ""  # default: the backend's (forge_launch / launch)
+    flags: tuple[str, ...] = ()  # extra compiler flags (cpu, cuda)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"Invalid backend: {self.backend!r} (use one of {', '.join(BACKENDS)})")
+        if not self.entry:
+            object.__setattr__(self, "entry", ENTRY[self.backend])
+
+    @classmethod
+    def from_file(cls, path: str | Path, backend: str | None = None) -> Candidate:
+        """A candidate from a file; the backend follows the suffix (.c/.cpp cpu, .cu cuda, .py triton)."""
+        path = Path(path)
+        suffix = {".c": "cpu", ".cc": "cpu", ".cpp": "cpu", ".cu": "cuda", ".py": "triton"}
+        backend = backend or suffix.get(path.suffix)
+        if backend is None:
+            raise ValueError(f"Invalid kernel file {path}: cannot tell the backend from {path.suffix!r} "
+                             "(.c/.cpp cpu, .cu cuda, .py triton)")
+        return cls(backend, path.read_text())
+
+    @property
+    def digest(self) -> str:
+        """Content hash of the candidate (source, entry, flags)."""
+        h = hashlib.sha256(f"{self.backend}\0{self.entry}\0{' '.join(self.flags)}\0".encode())
+        h.update(self.source.encode())
+        return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a worker needs of a task: the reference source and the tensor metadata. No tensors."""
+
+    key: str
+    source: str
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+    floor_bytes: int = 0  # bytes the task must move at least (roofline floor)
+
+    @classmethod
+    def of(cls, task: Any) -> TaskSpec:
+        """The spec of a forge.tasks.Task."""
+        return cls(task.key, task.source, task.inputs, task.outputs, task.bytes)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Benchmark statistics in microseconds."""
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    mean_us: float
+    std_us: float
+    n: int
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The outcome of one candidate: status, message, logs, verification detail, timings."""
+
+    status: Status
+    message: str = ""
+    build_log: str = ""
+    build_s: float = 0.0
+    verify: dict[str, Any] = field(default_factory=dict)
+    timing: Timing | None = None
+    baseline: Timing | None = None
+    floor_us: float | None = None
+    device: str = ""
+    device_s: float = 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        """Baseline median over candidate median, when both were measured."""
+        if self.timing and self.baseline and self.timing.median_us > 0:
+            return self.baseline.median_us / self.timing.median_us
+        return None

@@ -1,0 +1,102 @@
+"""Calling a built candidate from the worker: ctypes for cpu/cuda libraries, import for Triton modules.
+
+Important: this module runs untrusted code and is only ever imported by the worker process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from forge.kernel import DTYPE_CODES
+
+
+class ForgeTensor(ctypes.Structure):
+    """Mirror of ForgeTensor in forge_abi.h."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("stride", ctypes.POINTER(ctypes.c_int64))]
+
+
+class LaunchError(Exception):
+    """The candidate could not be called: missing entry point, bad return code, exception."""
+
+
+def _tensor_array(ts: list[torch.Tensor], keep: list[Any]) -> Any:
+    arr = (ForgeTensor * max(len(ts), 1))()
+    for i, t in enumerate(ts):
+        shape = (ctypes.c_int64 * max(t.dim(), 1))(*t.shape)
+        stride = (ctypes.c_int64 * max(t.dim(), 1))(*t.stride())
+        keep += [shape, stride]
+        arr[i] = ForgeTensor(t.data_ptr(), DTYPE_CODES[str(t.dtype).removeprefix("torch.")], t.dim(),
+                             ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
+                             ctypes.cast(stride, ctypes.POINTER(ctypes.c_int64)))
+    return arr
+
+
+class Launcher:
+    """A loaded candidate; `bind(inputs, outputs)` returns a no-argument call for timing loops."""
+
+    def __init__(self, backend: str, path: str, entry: str) -> None:
+        self.backend = backend
+        if backend == "triton":
+            name = f"forge_candidate_{uuid.uuid4().hex[:8]}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise LaunchError(f"cannot import {path}")
+            module = importlib.util.module_from_spec(spec)
+            try:
+                spec.loader.exec_module(module)
+            except Exception as e:
+                raise LaunchError(f"the module raised on import: {type(e).__name__}: {e}") from e
+            fn = getattr(module, entry, None)
+            if not callable(fn):
+                raise LaunchError(f"the module defines no callable `{entry}`")
+            self.py_fn: Callable[..., Any] = fn
+        else:
+            lib = ctypes.CDLL(path)
+            try:
+                self.c_fn = getattr(lib, entry)
+            except AttributeError as e:
+                raise LaunchError(f"the library exports no `{entry}` (declare it extern \"C\")") from e
+            self.c_fn.restype = ctypes.c_int
+            self.lib = lib
+
+    def bind(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> Callable[[], None]:
+        """A call of the candidate on these tensors; raises LaunchError on a non-zero return."""
+        if self.backend == "triton":
+            fn = self.py_fn
+
+            def call_py() -> None:
+                ret = fn(inputs, outputs)
+                if isinstance(ret, int) and ret != 0:
+                    raise LaunchError(f"launch returned {ret}")
+
+            return call_py
+        keep: list[Any] = []
+        ins, outs = _tensor_array(inputs, keep), _tensor_array(outputs, keep)
+        n_in, n_out = ctypes.c_int(len(inputs)), ctypes.c_int(len(outputs))
+        c_fn = self.c_fn
+        if self.backend == "cuda":
+            stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+            def call_cuda() -> None:
+                _ = keep
+                ret = c_fn(ins, n_in, outs, n_out, stream)
+                if ret != 0:
+                    raise LaunchError(f"forge_launch returned {ret}")
+
+            return call_cuda
+
+        def call_cpu() -> None:
+            _ = keep
+            ret = c_fn(ins, n_in, outs, n_out)
+            if ret != 0:
+                raise LaunchError(f"forge_launch returned {ret}")
+
+        return call_cpu

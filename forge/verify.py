@@ -1,0 +1,191 @@
+"""Verification of a candidate against its task's reference (runs inside the worker).
+
+Method (docs/verification.md):
+- three input sets with fresh random values per call, never zero, of growing magnitude and spread
+  (N(0,1); 3*N(0,1)+0.5; 10*N(0,1)-1, which gives softmax logits around +-30);
+- outputs are allocated by the harness inside a larger buffer and filled with a NaN of a known bit
+  pattern; the zones before and after each output must keep that pattern (out-of-bounds writes) and no
+  output element may keep it (partial write);
+- inputs are compared bit for bit before and after the call;
+- the reference runs in higher precision (fp16/bf16 -> fp32, fp32 -> fp64, dtype casts in the region
+  promoted the same way); error = max |c - r| / (|r| + mean|r|) over elements where the reference
+  (in the output dtype) is finite; it must be within max(TOLERANCE[dtype], 2 x the eager error);
+- NaN or Inf where the reference is finite fails; the same output for different inputs (a cached
+  result) fails; a constant output where the reference is not constant fails.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from forge.capture import TensorMeta
+from forge.kernel import Status
+from forge.tasks import compile_source
+
+TOLERANCE = {"float32": 1e-4, "float64": 1e-9, "bfloat16": 2e-2, "float16": 5e-3}
+# Errors above tolerance but below this look like arithmetic in a lower precision than asked.
+LOW_PRECISION_BAND = {"float32": 5e-2, "float64": 1e-3, "bfloat16": 0.15, "float16": 0.15}
+SCALES = ((1.0, 0.0), (3.0, 0.5), (10.0, -1.0))
+_POISON = {torch.float32: (torch.int32, 0x7FC0DEAD), torch.float16: (torch.int16, 0x7E5A),  # NaNs
+           torch.bfloat16: (torch.int16, 0x7FDA), torch.float64: (torch.int64, 0x7FF8DEADBEEFDEAD),
+           torch.int64: (torch.int64, 0x5A5A5A5A5A5A5A5A), torch.int32: (torch.int32, 0x5A5A5A5A),
+           torch.int16: (torch.int16, 0x5A5A), torch.int8: (torch.int8, 0x5A), torch.uint8: (torch.uint8, 0x5A),
+           torch.bool: (torch.uint8, 0x5A)}
+_HIGHER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64}
+
+
+@dataclass
+class Verdict:
+    """The outcome of verification: a status, a message and per-set detail."""
+
+    status: Status
+    message: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Guarded:
+    """An output tensor inside a poisoned buffer with guard zones on both sides."""
+
+    def __init__(self, meta: TensorMeta, device: str) -> None:
+        dtype = meta.torch_dtype
+        self.meta = meta
+        self.guard = max(256, 4096 // dtype.itemsize)
+        bits_dtype, self.bits = _POISON[dtype]
+        self.buf = torch.empty(meta.numel + 2 * self.guard, dtype=dtype, device=device)
+        self.raw = self.buf.view(torch.uint8) if dtype == torch.bool else self.buf.view(bits_dtype)
+        self.raw.fill_(self.bits)
+        self.tensor = self.buf[self.guard:self.guard + meta.numel].view(meta.shape)
+
+    def guards_intact(self) -> bool:
+        """True if nothing was written outside the output."""
+        g, n = self.guard, self.meta.numel
+        return bool((self.raw[:g] == self.bits).all() and (self.raw[g + n:] == self.bits).all())
+
+    def poisoned(self) -> torch.Tensor:
+        """Mask of output elements that still hold the poison."""
+        g, n = self.guard, self.meta.numel
+        return (self.raw[g:g + n] == self.bits).view(self.meta.shape)
+
+
+def make_input(meta: TensorMeta, k: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """Input set k for one tensor: random, never zero, with the meta's shape, dtype and stride."""
+    span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride, strict=True)) if meta.numel else 0
+    dtype = meta.torch_dtype
+    if dtype.is_floating_point:
+        scale, shift = SCALES[k % len(SCALES)]
+        flat = torch.randn(span, generator=gen, dtype=torch.float64) * scale + shift
+        flat = torch.where(flat == 0, torch.full_like(flat, 0.5), flat)
+    elif dtype == torch.bool:
+        flat = torch.randint(0, 2, (span,), generator=gen).bool()
+    else:
+        flat = torch.randint(0, 16, (span,), generator=gen)
+    flat = flat.to(dtype).to(device)
+    return flat.as_strided(meta.shape, meta.stride)
+
+
+def _promote_source(source: str) -> str:
+    return re.sub(r"torch\.(float16|bfloat16|float32)\b",
+                  lambda m: {"float16": "torch.float32", "bfloat16": "torch.float32",
+                             "float32": "torch.float64"}[m.group(1)], source)
+
+
+def _promote(t: torch.Tensor) -> torch.Tensor:
+    return t.to(_HIGHER[t.dtype]) if t.dtype in _HIGHER else t
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> float:
+    """max |out - ref| / (|ref| + mean |ref|) over `mask`."""
+    o, r = out.double()[mask], ref.double()[mask]
+    if r.numel() == 0:
+        return 0.0
+    scale = r.abs().mean().clamp_min(1e-30)
+    return float(((o - r).abs() / (r.abs() + scale)).max())
+
+
+class Reference:
+    """The task's reference at its own dtype (eager) and in higher precision."""
+
+    def __init__(self, source: str) -> None:
+        self.eager = compile_source(source)
+        self.high = compile_source(_promote_source(source))
+
+    def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        with torch.no_grad():
+            eager = list(self.eager(*[x.clone() for x in inputs]))
+            try:
+                high = list(self.high(*[_promote(x.clone()) for x in inputs]))
+            except Exception:  # an op without a higher-precision kernel: compare with eager only
+                high = [e.clone() for e in eager]
+        return eager, high
+
+
+def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[], None]],
+           ref: Reference, inputs_meta: tuple[TensorMeta, ...], outputs_meta: tuple[TensorMeta, ...],
+           device: str, seed: int, sync: Callable[[], None]) -> Verdict:
+    """Run the candidate on three fresh input sets and judge every output; see the module docstring."""
+    detail: dict[str, Any] = {"sets": []}
+    previous: list[torch.Tensor] | None = None
+    ref_prev: list[torch.Tensor] = []
+    for k in range(len(SCALES)):
+        gen = torch.Generator().manual_seed(seed * 1000 + k)
+        inputs = [make_input(m, k, gen, device) for m in inputs_meta]
+        saved = [x.clone() for x in inputs]
+        eager, high = ref(inputs)
+        outs = [Guarded(m, device) for m in outputs_meta]
+        bind(inputs, [o.tensor for o in outs])()
+        sync()
+        row: dict[str, Any] = {"set": k}
+        detail["sets"].append(row)
+        for i, (o, e, h, m) in enumerate(zip(outs, eager, high, outputs_meta, strict=True)):
+            name = f"output {i} ({m.short()})"
+            if not o.guards_intact():
+                return Verdict(Status.OUT_OF_BOUNDS, f"{name}: wrote outside the output buffer", detail)
+            for j, (x, s) in enumerate(zip(inputs, saved, strict=True)):
+                if not torch.equal(x, s):
+                    return Verdict(Status.INPUT_MUTATED, f"input {j} changed during the call", detail)
+            out = o.tensor
+            hi = h.to(out.dtype) if h.dtype != out.dtype else h
+            finite = torch.isfinite(hi) if hi.is_floating_point() else torch.ones_like(hi, dtype=torch.bool)
+            left = o.poisoned() & finite
+            if left.any():
+                n = int(left.sum())
+                return Verdict(Status.PARTIAL_WRITE, f"{name}: {n} of {m.numel} elements never written",
+                               detail)
+            if out.is_floating_point():
+                bad = ~torch.isfinite(out) & finite
+                if bad.any():
+                    return Verdict(Status.NONFINITE, f"{name}: {int(bad.sum())} NaN/Inf where the reference "
+                                   "is finite", detail)
+            if previous is not None and torch.equal(out, previous[i]) and not torch.equal(e, ref_prev[i]):
+                return Verdict(Status.STALE_RESULT, f"{name}: same output as for the previous, different "
+                               "inputs (a cached result)", detail)
+            if out.numel() > 1 and bool((out == out.flatten()[0]).all()) and not bool(
+                    (e == e.flatten()[0]).all()):
+                return Verdict(Status.CONSTANT_OUTPUT, f"{name}: every element is {out.flatten()[0].item()}",
+                               detail)
+            if not out.is_floating_point():
+                if not torch.equal(out, e):
+                    return Verdict(Status.WRONG_RESULT, f"{name}: {int((out != e).sum())} elements differ",
+                                   detail)
+                continue
+            err = rel_error(out, h, finite)
+            eager_err = rel_error(e, h, finite)
+            tol = max(TOLERANCE.get(m.dtype, 1e-4), 2 * eager_err)
+            row.update({f"err{i}": err, f"eager_err{i}": eager_err, f"tol{i}": tol})
+            if err > tol:
+                band = max(LOW_PRECISION_BAND.get(m.dtype, 0.05), 2 * tol)
+                status = Status.LOW_PRECISION if err <= band else Status.WRONG_RESULT
+                kind = "looks computed in a lower precision than asked: " if status is Status.LOW_PRECISION \
+                    else ""
+                return Verdict(status, f"{name}: {kind}error {err:.3g} > tolerance {tol:.3g} "
+                               f"(set {k}, eager's error {eager_err:.3g})", detail)
+        previous = [o.tensor.clone() for o in outs]
+        ref_prev = eager
+    detail["max_err"] = max((v for r in detail["sets"] for kk, v in r.items() if kk.startswith("err")),
+                            default=0.0)
+    return Verdict(Status.OK, "", detail)

@@ -1,0 +1,147 @@
+"""Parent side of the worker processes: start, send a request, time out, restart after a crash.
+
+One long-lived worker per device (per GPU, pinned with CUDA_VISIBLE_DEVICES). A request that does not
+answer within its time limit gets TIMEOUT and the worker is killed and restarted; a worker that dies
+(end of file on the pipe) gives CRASH with its signal and the tail of its log. Either way the next
+request finds a fresh worker, so nothing a candidate does takes the harness down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from forge.kernel import EvalResult, Status
+from forge.sandbox import limits, scrubbed_env
+from forge.worker import EvalRequest
+
+log = logging.getLogger(__name__)
+_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class Worker:
+    """One worker process for one device; restarted whenever it crashes or hangs."""
+
+    def __init__(self, device: str = "cpu", memory_bytes: int | None = None, start_timeout_s: float = 120.0
+                 ) -> None:
+        self.device = device
+        self.memory_bytes = memory_bytes
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self._dir = tempfile.TemporaryDirectory(prefix="forge-worker-")
+
+    @property
+    def log_path(self) -> Path:
+        """The worker's stdout/stderr."""
+        return Path(self._dir.name) / "worker.log"
+
+    def _start(self) -> None:
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        extra = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p),
+                 "PYTHONUNBUFFERED": "1"}
+        dev = self.device
+        if dev.startswith("cuda"):
+            index = dev.split(":")[1] if ":" in dev else "0"
+            extra["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[int(index)] \
+                if os.environ.get("CUDA_VISIBLE_DEVICES") else index
+            dev = "cuda:0"
+        self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "forge.worker", str(req_r), str(res_w), dev],
+            pass_fds=(req_r, res_w), env=scrubbed_env(extra), cwd=self._dir.name, stdin=subprocess.DEVNULL,
+            stdout=self.logf, stderr=subprocess.STDOUT, preexec_fn=limits(self.memory_bytes, None))
+        os.close(req_r)
+        os.close(res_w)
+        self.conn_out = Connection(req_w, readable=False)
+        self.conn_in = Connection(res_r, writable=False)
+        if not self.conn_in.poll(self.start_timeout_s):
+            self._stop()
+            raise RuntimeError(f"the {self.device} worker did not start: {self.log_tail()}")
+        try:
+            assert self.conn_in.recv() == "ready"
+        except EOFError as e:
+            code = self.proc.wait() if self.proc else None
+            self._stop()
+            raise RuntimeError(f"the {self.device} worker died at start ({_signal_name(code)}): "
+                               f"{self.log_tail()}") from e
+
+    def _stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            for c in (self.conn_in, self.conn_out):
+                c.close()
+            self.logf.close()
+        self.proc = None
+
+    def log_tail(self, n: int = 800) -> str:
+        """The last n characters the worker printed."""
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def request(self, req: EvalRequest, timeout_s: float = 120.0) -> EvalResult:
+        """Send one request; failures of the process come back as TIMEOUT or CRASH results."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._stop()
+            self._start()
+        assert self.proc is not None
+        start = time.perf_counter()
+        self.log_path.write_bytes(b"") if self.log_path.exists() else None
+        try:
+            self.conn_out.send(req)
+            if not self.conn_in.poll(timeout_s):
+                self._restart()
+                return EvalResult(Status.TIMEOUT, f"no answer within {timeout_s:.0f} s (a hang or an infinite "
+                                  "loop); the worker was killed", device=self.device,
+                                  device_s=time.perf_counter() - start)
+            res: EvalResult = self.conn_in.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            code = self.proc.wait(timeout=30)
+            tail = self.log_tail()
+            self._restart(start_now=False)
+            status = Status.OUT_OF_MEMORY if "MemoryError" in tail or "bad_alloc" in tail else Status.CRASH
+            return EvalResult(status, f"the worker died ({_signal_name(code)})" + (f": {tail}" if tail else ""),
+                              device=self.device, device_s=time.perf_counter() - start)
+        if self.proc.poll() is not None or res.status is Status.CRASH:
+            self._restart(start_now=False)
+        return res
+
+    def _restart(self, start_now: bool = False) -> None:
+        self.restarts += 1
+        self._stop()
+        if start_now:
+            self._start()
+
+    def close(self) -> None:
+        """Stop the worker and remove its directory."""
+        self._stop()
+        self._dir.cleanup()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

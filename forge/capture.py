@@ -128,10 +128,11 @@ class Capture:
 
 
 def decomposition_table() -> dict[Any, Any]:
-    """Core-ATen decompositions, minus the ops forge keeps whole (attention)."""
+    """Core-ATen decompositions, minus the ops forge keeps whole (attention, logsumexp)."""
     table = torch.export.default_decompositions()
     aten = torch.ops.aten
-    for op in (aten.scaled_dot_product_attention.default,):
+    # logsumexp would become two reductions (amax, sum) and so two tasks; softmax is kept whole too.
+    for op in (aten.scaled_dot_product_attention.default, aten.logsumexp.default):
         table.pop(op, None)
     return table
 

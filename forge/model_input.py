@@ -7,16 +7,19 @@ one line that says what is wrong and how to fix it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import sys
 import traceback
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from forge.capture import DTYPES
 from forge.errors import UserError
@@ -53,6 +56,43 @@ def check_dtype(dtype: str) -> torch.dtype:
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     return DTYPES[dtype]
+
+
+class _RedirectCuda(TorchFunctionMode):
+    """Sends tensors a model file puts on "cuda" (device=..., .cuda(), .to("cuda")) to `target` instead."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.target = torch.device(target)
+
+    def _fix(self, d: Any) -> Any:
+        if isinstance(d, (str, torch.device)) and torch.device(d).type == "cuda":
+            return self.target
+        return d
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0].to(self.target)
+        if "device" in kwargs:
+            kwargs["device"] = self._fix(kwargs["device"])
+        if func is torch.Tensor.to:
+            args = tuple(self._fix(a) for a in args)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _building_on(device: str) -> Iterator[None]:
+    """Construct on `device`: meta tensors without memory, "cuda" in the file redirected when absent."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.device(device))
+        if device == "meta" or not torch.cuda.is_available():
+            stack.enter_context(_RedirectCuda(device))
+        if device == "meta":  # distributions validate arguments with .item(), which meta cannot do
+            validate = torch.distributions.Distribution._validate_args
+            torch.distributions.Distribution.set_default_validate_args(False)
+            stack.callback(torch.distributions.Distribution.set_default_validate_args, validate)
+        yield
 
 
 def _where(e: BaseException, path: Path) -> str:
@@ -114,7 +154,7 @@ def load_file(path: str | Path, device: str = "cpu", dtype: str = "fp32", seed: 
     torch.manual_seed(seed)
     build_device = "meta" if device == "meta" else "cpu"
     try:
-        with torch.device(build_device):
+        with _building_on(build_device):
             init = list(get_init()) if get_init else []
             model = cls(*init)
             raw = get_inputs()

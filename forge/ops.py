@@ -59,8 +59,10 @@ ATTENTION = {"scaled_dot_product_attention", "_scaled_dot_product_flash_attentio
              "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
              "_efficient_attention_forward", "flex_attention"}
 NORMS = {"native_layer_norm", "layer_norm", "native_group_norm", "group_norm", "native_batch_norm",
-         "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "batch_norm",
-         "instance_norm", "rms_norm", "_fused_rms_norm", "_native_batch_norm_legit_functional"}
+         "_native_batch_norm_legit", "batch_norm", "instance_norm", "rms_norm", "_fused_rms_norm",
+         "_native_batch_norm_legit_functional"}
+# Normalizations with fixed statistics: a per-channel scale and shift, so pointwise.
+AFFINE_NORMS = {"_native_batch_norm_legit_no_training"}
 SOFTMAX = {"_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax"}
 REDUCTIONS_EXTRA = {"var_mean", "logsumexp", "norm", "linalg_vector_norm", "std_mean", "aminmax"}
 FACTORIES = {"scalar_tensor", "full", "arange", "zeros", "ones", "empty", "full_like", "zeros_like",
@@ -70,11 +72,10 @@ CASTS = {"_to_copy", "to", "clone", "copy", "type_as", "alias", "_assert_tensor_
 ACTIVATIONS = {"relu", "relu6", "gelu", "silu", "sigmoid", "tanh", "hardtanh", "hardswish", "hardsigmoid",
                "leaky_relu", "elu", "selu", "celu", "softplus", "softsign", "mish", "erf", "logsigmoid",
                "threshold", "glu", "prelu", "_prelu_kernel", "rrelu", "tanhshrink", "softshrink",
-               "hardshrink", "sigmoid_backward"}
+               "hardshrink", "sigmoid_backward", "clamp", "clamp_min", "clamp_max"}
 LOGIC = {"eq", "ne", "lt", "le", "gt", "ge", "where", "logical_and", "logical_or", "logical_not",
          "logical_xor", "bitwise_and", "bitwise_or", "bitwise_not", "bitwise_xor", "isnan", "isinf",
-         "isfinite", "masked_fill", "any", "all", "maximum", "minimum", "clamp", "clamp_min",
-         "clamp_max", "sign", "signbit"}
+         "isfinite", "masked_fill", "any", "all", "sign", "signbit"}
 SHAPE = {"cat", "stack", "constant_pad_nd", "pad", "split", "split_with_sizes", "chunk", "flip", "roll",
          "repeat", "repeat_interleave", "index", "index_select", "gather", "scatter", "scatter_add",
          "scatter_reduce", "index_put", "index_add", "index_copy", "embedding", "slice_scatter",
@@ -121,7 +122,7 @@ def kind_of(target: Any) -> Kind:
         return Kind.REDUCE
     if name in FACTORIES:
         return Kind.FACTORY
-    if name in CASTS:
+    if name in CASTS or name in AFFINE_NORMS:
         return Kind.POINTWISE
     if name in SHAPE or name in SEQUENCE or name in RESIZE or name in SIGNAL or name in QUANT:
         return Kind.SINGLE
@@ -144,7 +145,7 @@ def family_of_op(target: Any) -> str:
         return "matmul"
     if name in CONV or name in POOL:
         return "convolution/pooling"
-    if name in NORMS:
+    if name in NORMS or name in AFFINE_NORMS:
         return "normalization"
     if name in SOFTMAX or name in ACTIVATIONS:
         return "activation"
@@ -191,7 +192,7 @@ def family_of_region(targets: list[Any], inverse_root: bool = False) -> str:
             if f == "reduction" and names & _NORM_MARKERS:
                 return "normalization"
             return f
-    for wanted in ("quantization", "activation", "arithmetic", "logic"):
+    for wanted in ("quantization", "normalization", "activation", "arithmetic", "logic"):
         if wanted in fams:
             return wanted
     return "shape"

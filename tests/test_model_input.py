@@ -86,3 +86,19 @@ def test_load_file_on_meta_allocates_nothing():
 def test_user_error_is_an_exception_with_the_message():
     with pytest.raises(UserError, match="model file not found"):
         load_file("nowhere/model.py")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the redirect when no GPU is present")
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_files_that_hard_code_cuda_load_on_cpu_and_meta(device):
+    loaded = load_file(MODELS / "cuda_inputs_in_file.py", device)
+    assert all(x.device.type == device for x in loaded.inputs)
+
+
+def test_meta_build_of_inputs_from_distributions(tmp_path):
+    f = tmp_path / "dist.py"
+    f.write_text("import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n\n"
+                 "def get_inputs():\n    d = torch.distributions.Pareto(torch.tensor(1.0), torch.tensor(2.0))\n"
+                 "    return [d.sample((4, 8))]\n\ndef get_init_inputs():\n    return []\n")
+    assert load_file(f, "meta").inputs[0].shape == (4, 8)
+    assert torch.distributions.Distribution._validate_args  # restored after the build

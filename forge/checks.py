@@ -19,16 +19,16 @@ _C_RULES: list[tuple[Status, str, str]] = [
     (Status.FORBIDDEN_TORCH, "calls into PyTorch/ATen",
      r"#\s*include\s*[<\"](torch|ATen|c10)/|\b(at|torch|c10)::"),
     (Status.FORBIDDEN_ALLOC, "allocates memory",
-     r"\b(malloc|calloc|realloc|posix_memalign|aligned_alloc|valloc|cudaMalloc\w*|cudaHostAlloc|"
-     r"cudaMallocHost|mmap|sbrk|operator\s+new)\b|\bnew\s+[\w:<>]+\s*[\[(]|"
+     r"(?<![A-Za-z0-9])_*(builtin_)?(malloc|calloc|realloc|posix_memalign|aligned_alloc|valloc|alloca|"
+     r"cudaMalloc\w*|cudaHostAlloc|cudaMallocHost|mmap|sbrk|operator\s+new)\b|\bnew\s+[A-Za-z_]|"
      r"\bstd::(vector|unique_ptr|shared_ptr|make_unique|make_shared|allocator)\b"),
     (Status.FORBIDDEN_CONCURRENCY, "creates streams or threads",
      r"\b(cudaStreamCreate\w*|cudaStreamPerThread|pthread_create|std::thread|std::async|std::jthread|"
      r"vfork|cudaLaunchHostFunc|cudaStreamAddCallback)\b|\b(fork|clone)\s*\("),
     (Status.FORBIDDEN_IO, "touches files, environment, network or processes",
-     r"\b(fopen|freopen|openat|ifstream|ofstream|fstream|getenv|secure_getenv|environ|setenv|putenv|"
+     r"(?<![A-Za-z0-9])_*(fopen|freopen|openat|ifstream|ofstream|fstream|getenv|secure_getenv|environ|setenv|putenv|"
      r"popen|execl|execlp|execle|execv|execvp|execve|dlopen|dlsym|syscall|ptrace|unlink)\b|"
-     r"\b(open|creat|system|socket|connect|bind|listen|remove|rename|chdir|kill|raise)\s*\(|"
+     r"(?<![\w:])(open|creat|system|socket|connect|bind|listen|remove|rename|chdir|kill|raise)\s*\(|"
      r"#\s*include\s*<(fstream|sys/socket\.h|dlfcn\.h|unistd\.h|sys/syscall\.h|netinet/\w+\.h|"
      r"arpa/inet\.h|spawn\.h|fcntl\.h)>|\"/(proc|dev|etc|tmp|home|root)/"),
     (Status.FORBIDDEN_TIMER, "tampers with timers",
@@ -41,7 +41,7 @@ _C_RULES: list[tuple[Status, str, str]] = [
 _CPU_ONLY_RULES = [(Status.FORBIDDEN_CODE, "uses inline assembly", r"\b(asm|__asm__|__asm)\b")]
 
 _PY_ALLOWED_IMPORTS = {"triton", "triton.language", "math", "torch", "typing", "functools"}
-_PY_FORBIDDEN_NAMES = {"open", "eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr",
+_PY_FORBIDDEN_NAMES = {"eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr",
                        "globals", "locals", "vars", "breakpoint", "input", "memoryview", "__builtins__"}
 _PY_TENSOR_METHODS = {"stride", "numel", "size", "dim", "data_ptr", "is_contiguous", "element_size",
                       "ndimension"}
@@ -50,9 +50,12 @@ _PY_CALLS = {"triton.cdiv", "triton.next_power_of_2", "len", "range", "min", "ma
              "math.prod", "print"}
 
 
+_C_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
+
+
 def _strip_c_comments(src: str) -> str:
-    src = re.sub(r"/\*.*?\*/", " ", src, flags=re.S)
-    return re.sub(r"//[^\n]*", " ", src)
+    """Comments blanked (newlines kept, so line numbers hold); string and char literals left alone."""
+    return _C_TOKENS.sub(lambda m: m[0] if m[0][0] in "\"'" else " " + "\n" * m[0].count("\n"), src)
 
 
 Finding = tuple[Status, str]
@@ -118,6 +121,8 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
                     status = _IMPORT_STATUS.get(n.split(".")[0], Status.FORBIDDEN_IO)
                     found.append((status, f"imports `{n}`: only triton, triton.language, math and torch"
                                   f"{where}"))
+        elif isinstance(node, ast.Name) and node.id == "open":
+            found.append((Status.FORBIDDEN_IO, f"opens a file{where}"))
         elif isinstance(node, ast.Name) and node.id in _PY_FORBIDDEN_NAMES:
             found.append((Status.FORBIDDEN_CODE, f"uses `{node.id}`{where}"))
         elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
@@ -126,8 +131,8 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
             name = _dotted(node.func)
             if isinstance(node.func, ast.Subscript):  # kernel[grid](...)
                 continue
-            if name in _PY_CALLS or name in defined:
-                continue
+            if name in _PY_CALLS or name in defined or name in _PY_FORBIDDEN_NAMES or name == "open":
+                continue  # allowed, or reported where the name itself is visited
             if isinstance(node.func, ast.Attribute) and node.func.attr in _PY_TENSOR_METHODS:
                 continue
             if name.startswith("torch.cuda.") and "tream" in name:
@@ -138,10 +143,52 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
             else:
                 found.append((Status.FORBIDDEN_CODE, f"calls `{name or ast.unparse(node.func)}(...)` outside "
                               f"a @triton.jit kernel{where}"))
+    found += _tensor_math_outside_jit(tree, inside_jit)
     if entry not in defined:
         found.append((Status.BAD_FORMAT, f"defines no `{entry}(inputs, outputs)` function"))
     if not jit:
         found.append((Status.BAD_FORMAT, "defines no @triton.jit kernel"))
+    return found
+
+
+def _tensor_math_outside_jit(tree: ast.Module, inside_jit: set[ast.AST]) -> list[Finding]:
+    """PyTorch compute written with operators in a launcher: `y[...] = x * 2`, `x / (1 + ...)`.
+
+    Tensors are the launcher's parameters and any name bound to a subscript of a tensor; arithmetic on
+    them outside @triton.jit, or assignment into a subscript of them, is PyTorch compute.
+    """
+    found: list[Finding] = []
+    for fn in tree.body:
+        if not isinstance(fn, ast.FunctionDef) or fn in inside_jit:
+            continue
+        tensors = {a.arg for a in fn.args.args}
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Assign):
+                continue
+            pairs = [(t, node.value) for t in node.targets]
+            for t in node.targets:
+                if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    pairs += list(zip(t.elts, node.value.elts, strict=False))
+            for target, value in pairs:
+                if isinstance(target, ast.Name) and isinstance(value, ast.Subscript) and \
+                        _dotted(value.value) in tensors:
+                    tensors.add(target.id)
+        for node in ast.walk(fn):
+            where = f" (line {getattr(node, 'lineno', '?')})"
+            names: list[ast.AST] = []
+            if isinstance(node, ast.BinOp):
+                names = [node.left, node.right]
+            elif isinstance(node, ast.UnaryOp):
+                names = [node.operand]
+            elif isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.value for t in targets if isinstance(t, ast.Subscript)]
+            for n in names:
+                base = n.value if isinstance(n, ast.Subscript) else n
+                if _dotted(base) in tensors:
+                    found.append((Status.FORBIDDEN_TORCH, f"computes on tensor `{ast.unparse(n)}` in Python "
+                                  f"outside a @triton.jit kernel{where}"))
+                    break
     return found
 
 

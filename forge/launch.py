@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from forge.kernel import DTYPE_CODES
 
@@ -25,6 +26,24 @@ class ForgeTensor(ctypes.Structure):
 
 class LaunchError(Exception):
     """The candidate could not be called: missing entry point, bad return code, exception."""
+
+
+class ForbiddenTorch(LaunchError):
+    """A Python launcher ran a PyTorch compute op."""
+
+
+# Metadata queries a launcher (or Triton's own launch code) may make; everything else is compute.
+_METADATA = {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_contiguous", "size", "stride",
+             "numel", "dim", "detach", "alias", "_local_scalar_dense"}
+
+
+class NoTorchCompute(TorchDispatchMode):
+    """Raises ForbiddenTorch on any PyTorch op but views and metadata, while a launcher runs."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func.is_view or func.overloadpacket.__name__ in _METADATA:
+            return func(*args, **(kwargs or {}))
+        raise ForbiddenTorch(f"the launcher ran PyTorch op {func} (only Triton kernels may compute)")
 
 
 def _tensor_array(ts: list[torch.Tensor], keep: list[Any]) -> Any:
@@ -67,13 +86,21 @@ class Launcher:
             self.c_fn.restype = ctypes.c_int
             self.lib = lib
 
-    def bind(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> Callable[[], None]:
-        """A call of the candidate on these tensors; raises LaunchError on a non-zero return."""
+    def bind(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor], guard: bool = False
+             ) -> Callable[[], None]:
+        """A call of the candidate on these tensors; raises LaunchError on a non-zero return.
+
+        With `guard`, a Python launcher runs under NoTorchCompute (used while verifying).
+        """
         if self.backend == "triton":
             fn = self.py_fn
 
             def call_py() -> None:
-                ret = fn(inputs, outputs)
+                if guard:
+                    with NoTorchCompute():
+                        ret = fn(inputs, outputs)
+                else:
+                    ret = fn(inputs, outputs)
                 if isinstance(ret, int) and ret != 0:
                     raise LaunchError(f"launch returned {ret}")
 

@@ -76,16 +76,24 @@ def make_input(meta: TensorMeta, k: int, gen: torch.Generator, device: str) -> t
     """Input set k for one tensor: random, never zero, with the meta's shape, dtype and stride."""
     span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride, strict=True)) if meta.numel else 0
     dtype = meta.torch_dtype
+    dev = gen.device  # generated where the generator lives: on the GPU for CUDA workers (fast)
     if dtype.is_floating_point:
         scale, shift = SCALES[k % len(SCALES)]
-        flat = torch.randn(span, generator=gen, dtype=torch.float64) * scale + shift
-        flat = torch.where(flat == 0, torch.full_like(flat, 0.5), flat)
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        flat = torch.randn(span, generator=gen, dtype=wide, device=dev) * scale + shift
+        flat = torch.where(flat.to(dtype) == 0, torch.full_like(flat, 0.5), flat)
     elif dtype == torch.bool:
-        flat = torch.randint(0, 2, (span,), generator=gen).bool()
+        flat = torch.randint(0, 2, (span,), generator=gen, device=dev).bool()
     else:
-        flat = torch.randint(0, 16, (span,), generator=gen)
+        flat = torch.randint(0, 16, (span,), generator=gen, device=dev)
     flat = flat.to(dtype).to(device)
     return flat.as_strided(meta.shape, meta.stride)
+
+
+def generator(device: str, seed: int) -> torch.Generator:
+    """A seeded generator on the device's type (CUDA inputs are made on the GPU)."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    return torch.Generator(device=kind).manual_seed(seed)
 
 
 def _promote_source(source: str) -> str:
@@ -132,7 +140,7 @@ def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[],
     previous: list[torch.Tensor] | None = None
     ref_prev: list[torch.Tensor] = []
     for k in range(len(SCALES)):
-        gen = torch.Generator().manual_seed(seed * 1000 + k)
+        gen = generator(device, seed * 1000 + k)
         inputs = [make_input(m, k, gen, device) for m in inputs_meta]
         saved = [x.clone() for x in inputs]
         eager, high = ref(inputs)

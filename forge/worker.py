@@ -19,8 +19,8 @@ import torch
 
 from forge.bench import DEFAULT_BENCH, BenchConfig, Clock, interleaved, measure_bandwidth
 from forge.kernel import EvalResult, Status, TaskSpec
-from forge.launch import Launcher, LaunchError
-from forge.verify import Reference, make_input, verify
+from forge.launch import ForbiddenTorch, Launcher, LaunchError
+from forge.verify import Reference, generator, make_input, verify
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,14 @@ def handle(req: EvalRequest, st: _State) -> tuple[EvalResult, bool]:
             ref = Reference(req.task.source)
         except Exception as e:
             return result(Status.REFERENCE_ERROR, f"{type(e).__name__}: {e}"), False
-        verdict = verify(launcher.bind, ref, req.task.inputs, req.task.outputs, st.device, req.seed, st.sync)
+        verdict = verify(lambda i, o: launcher.bind(i, o, guard=True), ref, req.task.inputs, req.task.outputs,
+                         st.device, req.seed, st.sync)
         if verdict.status is not Status.OK or req.bench is None:
             return result(verdict.status, verdict.message, verify=verdict.detail), False
         if st.clock is None:
             st.clock = Clock(st.device)
             st.bandwidth = measure_bandwidth(st.device)
-        gen = torch.Generator().manual_seed(req.seed + 7)
+        gen = generator(st.device, req.seed * 1000 + 7)
         inputs = [make_input(m, 0, gen, st.device) for m in req.task.inputs]
         outputs = [torch.empty(m.shape, dtype=m.torch_dtype, device=st.device) for m in req.task.outputs]
         cand, eager = launcher.bind(inputs, outputs), ref.eager
@@ -95,6 +96,8 @@ def handle(req: EvalRequest, st: _State) -> tuple[EvalResult, bool]:
                           verify=verdict.detail, timing=timing, baseline=baseline, floor_us=floor_us), False
         return result(Status.OK, "", verify=verdict.detail, timing=timing, baseline=baseline,
                       floor_us=floor_us), False
+    except ForbiddenTorch as e:
+        return result(Status.FORBIDDEN_TORCH, str(e)), False
     except LaunchError as e:
         return result(Status.LAUNCH_ERROR, str(e)), False
     except (torch.OutOfMemoryError, MemoryError) as e:

@@ -1,0 +1,15 @@
+// expect: build_error
+// Does not compile: an undeclared identifier and a missing semicolon.
+#include <math.h>
+#include <stdint.h>
+
+#include "forge_abi.h"
+
+extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {
+  int64_t n = 1;
+  for (int d = 0; d < in[0].ndim; ++d) n *= in[0].shape[d];
+  const float* x = static_cast<const float*>(in[0].data);
+  float* y = static_cast<float*>(out[0].data)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid_not_declared(x[i]);
+  return 0;
+}

@@ -1,0 +1,18 @@
+// expect: input_mutated
+// Correct output, then casts away const and overwrites the input with the result (in place).
+#include <math.h>
+#include <stdint.h>
+
+#include "forge_abi.h"
+
+extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {
+  int64_t n = 1;
+  for (int d = 0; d < in[0].ndim; ++d) n *= in[0].shape[d];
+  float* x = static_cast<float*>(in[0].data);
+  float* y = static_cast<float*>(out[0].data);
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + expf(-x[i]));
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) x[i] = y[i];
+  return 0;
+}

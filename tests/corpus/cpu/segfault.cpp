@@ -1,0 +1,15 @@
+// expect: crash
+// Writes through a null pointer: the worker dies with SIGSEGV.
+#include <math.h>
+#include <stdint.h>
+
+#include "forge_abi.h"
+
+extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {
+  int64_t n = 1;
+  for (int d = 0; d < in[0].ndim; ++d) n *= in[0].shape[d];
+  const float* x = static_cast<const float*>(in[0].data);
+  float* volatile y = nullptr;  // volatile: the compiler cannot prove it null and turn it into a trap
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + expf(-x[i]));
+  return 0;
+}

@@ -1,0 +1,30 @@
+// expect: timeout
+// Spins forever on a volatile flag in global memory that nothing clears: the kernel never finishes.
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "forge_abi.h"
+
+static int64_t numel(const ForgeTensor& t) {
+  int64_t n = 1;
+  for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
+  return n;
+}
+
+// A flag in global memory: a volatile local would be dropped by the compiler, loop and all.
+__device__ volatile int spin = 1;
+
+__global__ void silu_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+  while (spin) {
+  }
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) y[i] = x[i];
+}
+
+extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out, cudaStream_t stream) {
+  const int64_t n = numel(in[0]);
+  const int threads = 256;
+  const int blocks = (int)((n + threads - 1) / threads);
+  silu_kernel<<<blocks, threads, 0, stream>>>(static_cast<const float*>(in[0].data), static_cast<float*>(out[0].data), n);
+  return cudaGetLastError() != cudaSuccess;
+}

@@ -1,0 +1,26 @@
+// expect: crash
+// Writes through a wild device pointer: an illegal memory access kills the CUDA context.
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "forge_abi.h"
+
+static int64_t numel(const ForgeTensor& t) {
+  int64_t n = 1;
+  for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
+  return n;
+}
+
+__global__ void silu_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  float* wild = reinterpret_cast<float*>(0xdead0000000ull);
+  if (i < n) wild[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out, cudaStream_t stream) {
+  const int64_t n = numel(in[0]);
+  const int threads = 256;
+  const int blocks = (int)((n + threads - 1) / threads);
+  silu_kernel<<<blocks, threads, 0, stream>>>(static_cast<const float*>(in[0].data), static_cast<float*>(out[0].data), n);
+  return cudaGetLastError() != cudaSuccess;
+}

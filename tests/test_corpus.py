@@ -1,0 +1,261 @@
+"""The cheating-and-breaking corpus (tests/corpus/): every kind of broken or cheating kernel gets its status.
+
+All kernels target one task, SiLU `y = x * sigmoid(x)` over a contiguous float32 [257, 1000] tensor, and
+read the sizes from the ForgeTensor. Each file starts with `// expect: <status>` (`# expect:` for Triton)
+and a one-line comment saying what the cheat is. The cpu corpus runs end to end here, through one
+Evaluator whose worker must survive every crash and hang; the cuda corpus is checked statically and built
+with nvcc here, and runs end to end on a GPU machine (`-m cuda`), like the Triton corpus.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from forge.build import BuildResult, build
+from forge.capture import capture
+from forge.checks import check
+from forge.evaluate import Evaluator
+from forge.kernel import Candidate, EvalResult, Status, TaskSpec
+from forge.sandbox import is_secret, scrubbed_env
+from forge.tasks import build_tasks
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+CPU_FILES = sorted((CORPUS / "cpu").glob("*.cpp"))
+CUDA_FILES = sorted((CORPUS / "cuda").glob("*.cu"))
+TRITON_FILES = sorted((CORPUS / "triton").glob("*.py"))
+ALL_FILES = CPU_FILES + CUDA_FILES + TRITON_FILES
+
+# The kinds every backend's corpus must hold (file stem -> status it must get).
+C_KINDS = {
+    "good": "ok", "build_error": "build_error", "wrong_result": "wrong_result", "partial_write": "partial_write",
+    "nan": "nonfinite", "segfault": "crash", "infinite_loop": "timeout", "oob_write": "out_of_bounds",
+    "input_mutation": "input_mutated", "cached_result": "stale_result", "constant_output": "constant_output",
+    "low_precision": "low_precision", "torch_call": "forbidden_torch", "other_thread": "forbidden_concurrency",
+    "read_env_or_file": "forbidden_io", "huge_allocation": "forbidden_alloc", "timer": "forbidden_timer",
+    "skip_repeat": "stale_result", "malloc_via_pointer": "forbidden_alloc",
+}
+TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",
+                "reads_env": "forbidden_io", "uses_eval": "forbidden_code"}
+# Statuses the static checks give before anything is built.
+STATIC = {s.value for s in Status if s.value.startswith("forbidden_")} | {Status.BAD_FORMAT.value}
+# Needs the ATen headers to compile, which only a torch source tree has: the static check is its test.
+NOT_BUILT = {"torch_call"}
+
+_EXPECT = re.compile(r"^(?://|#) expect: ([a-z_]+)$")
+
+
+def expected(path: Path) -> str:
+    """The status a corpus file must get, from its first line."""
+    m = _EXPECT.match(path.read_text().splitlines()[0])
+    assert m, f"{path}: the first line must be `// expect: <status>` (`# expect:` for .py)"
+    return m.group(1)
+
+
+def params(paths: list[Path]) -> list[object]:
+    """pytest parameters named `<backend>/<kind>`."""
+    return [pytest.param(p, id=f"{p.parent.name}/{p.stem}") for p in paths]
+
+
+def describe(path: Path, r: EvalResult) -> str:
+    """A failure message: what was expected, what came back and why."""
+    return f"{path.parent.name}/{path.name}: expected {expected(path)}, got {r.status.value}: {r.message[:500]}"
+
+
+def assert_good_timing(r: EvalResult) -> None:
+    """A passing candidate comes back with sane statistics and a speedup."""
+    assert r.timing is not None and r.baseline is not None
+    t = r.timing
+    assert t.median_us > 0
+    assert t.p10_us <= t.median_us <= t.p90_us
+    assert t.n >= 10
+    assert r.baseline.median_us > 0 and r.baseline.n >= 10
+    assert isinstance(r.speedup, float) and r.speedup > 0
+
+
+@pytest.fixture(scope="module")
+def spec() -> TaskSpec:
+    """SiLU over a float32 [257, 1000] tensor, as forge captures it (x * sigmoid(x))."""
+    tasks = build_tasks(capture(torch.nn.SiLU(), [torch.randn(257, 1000)]).graph_module.graph)
+    assert len(tasks) == 1
+    s = TaskSpec.of(tasks[0])
+    assert [m.shape for m in s.inputs + s.outputs] == [(257, 1000), (257, 1000)]
+    assert all(m.dtype == "float32" for m in s.inputs + s.outputs)
+    return s
+
+
+# --- the corpus itself ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("folder", "suffix", "kinds"), [("cpu", ".cpp", C_KINDS), ("cuda", ".cu", C_KINDS),
+                                                         ("triton", ".py", TRITON_KINDS)])
+def test_corpus_is_complete(folder: str, suffix: str, kinds: dict[str, str]) -> None:
+    files = sorted((CORPUS / folder).iterdir())
+    assert [p.suffix for p in files] == [suffix] * len(files), f"only {suffix} files belong in corpus/{folder}"
+    assert {p.stem: expected(p) for p in files} == kinds
+
+
+@pytest.mark.parametrize("path", params(ALL_FILES + sorted((CORPUS / "env_probe").iterdir())))
+def test_corpus_file_header(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    assert expected(path) in {s.value for s in Status}
+    comment = "#" if path.suffix == ".py" else "//"
+    assert lines[1].startswith(comment + " ") and len(lines[1]) > len(comment) + 10, \
+        "the second line says what the cheat is"
+    source = "\n".join(lines[2:])
+    assert not re.search(r"\b(257|1000|257000)\b", source), "a kernel reads the sizes, never hard-codes them"
+
+
+@pytest.mark.parametrize("path", params(ALL_FILES))
+def test_corpus_static_checks(path: Path) -> None:
+    """Static kinds are rejected by forge.checks with their status first; no other file has any finding."""
+    findings = check(Candidate.from_file(path))
+    want = expected(path)
+    if want in STATIC:
+        assert findings, f"{path.name}: the static checks found nothing"
+        assert findings[0][0].value == want, findings
+    else:
+        assert findings == [], findings
+
+
+# --- cpu: end to end --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cpu_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Evaluator]:
+    """One evaluator (one worker, restarted as needed) for the whole cpu corpus."""
+    with Evaluator("cpu", timeout_s=15, cache_dir=tmp_path_factory.mktemp("forge-cpu")) as ev:
+        yield ev
+
+
+@pytest.mark.parametrize("path", params(CPU_FILES))
+def test_cpu_corpus(path: Path, spec: TaskSpec, cpu_evaluator: Evaluator) -> None:
+    r = cpu_evaluator.evaluate(spec, Candidate.from_file(path))
+    assert r.status.value == expected(path), describe(path, r)
+    if path.stem == "good":
+        assert_good_timing(r)
+
+
+@pytest.mark.parametrize("path", params([p for p in CPU_FILES if expected(p) in STATIC
+                                         and p.stem not in NOT_BUILT]))
+def test_cpu_static_kinds_compile(path: Path, tmp_path: Path) -> None:
+    """The statically rejected kernels are real code: only the checks stand between them and the worker."""
+    built = build(Candidate.from_file(path), cache_dir=tmp_path)
+    assert built.ok, built.log[-2000:]
+
+
+# --- cuda: static checks and nvcc builds here, end to end on a GPU ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cuda_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, BuildResult]:
+    """Every cuda corpus file built for sm_90 with nvcc, in parallel (one compiler per core)."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH: the cuda corpus cannot be built here")
+    cache = tmp_path_factory.mktemp("forge-nvcc")
+    paths = [p for p in CUDA_FILES if p.stem not in NOT_BUILT]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = pool.map(lambda p: build(Candidate.from_file(p), "sm_90", cache), paths)
+        return {p.stem: r for p, r in zip(paths, results, strict=True)}
+
+
+@pytest.mark.parametrize("path", params([p for p in CUDA_FILES if p.stem not in NOT_BUILT]))
+def test_cuda_corpus_builds(path: Path, cuda_builds: dict[str, BuildResult]) -> None:
+    """Every .cu file compiles for sm_90 (static kinds too: they are real code), except build_error."""
+    built = cuda_builds[path.stem]
+    if expected(path) == Status.BUILD_ERROR.value:
+        assert not built.ok and "error" in built.log
+    else:
+        assert built.ok, built.log[-2000:]
+        assert Path(built.path).stat().st_size > 0
+
+
+@pytest.fixture(scope="module")
+def cuda_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Evaluator]:
+    """One evaluator for the cuda and Triton corpora on the first GPU."""
+    with Evaluator("cuda", timeout_s=20, cache_dir=tmp_path_factory.mktemp("forge-cuda")) as ev:
+        yield ev
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("path", params(CUDA_FILES))
+def test_cuda_corpus(path: Path, spec: TaskSpec, cuda_evaluator: Evaluator) -> None:
+    r = cuda_evaluator.evaluate(spec, Candidate.from_file(path))
+    assert r.status.value == expected(path), describe(path, r)
+    if path.stem == "good":
+        assert_good_timing(r)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("path", params(TRITON_FILES))
+def test_triton_corpus(path: Path, spec: TaskSpec, cuda_evaluator: Evaluator) -> None:
+    r = cuda_evaluator.evaluate(spec, Candidate.from_file(path))
+    assert r.status.value == expected(path), describe(path, r)
+    if path.stem == "good":
+        assert_good_timing(r)
+
+
+# --- the worker: killed mid-run, and without credentials ------------------------------------------------
+
+
+def test_killing_the_worker_loses_only_that_candidate(spec: TaskSpec, tmp_path: Path) -> None:
+    good = Candidate.from_file(CORPUS / "cpu" / "good.cpp")
+    hang = Candidate.from_file(CORPUS / "cpu" / "infinite_loop.cpp")
+    with Evaluator("cpu", timeout_s=15, bench=None, cache_dir=tmp_path) as ev:
+        assert ev.evaluate(spec, good).status is Status.OK  # the worker is up
+        assert ev.builds.submit(hang).result().ok  # built ahead: the request goes out at once
+        proc = ev.worker.proc
+        assert proc is not None
+        results: list[EvalResult] = []
+        thread = threading.Thread(target=lambda: results.append(ev.evaluate(spec, hang)))
+        start = time.monotonic()
+        thread.start()
+        time.sleep(1.0)
+        assert proc.poll() is None, "the worker died by itself"
+        os.kill(proc.pid, signal.SIGKILL)
+        thread.join(30)
+        assert not thread.is_alive()
+        (r,) = results
+        assert r.status in (Status.CRASH, Status.TIMEOUT), r
+        if r.status is Status.CRASH:
+            assert "SIGKILL" in r.message
+            assert time.monotonic() - start < 10, "a killed worker is noticed at once, not at the time limit"
+        after = ev.evaluate(spec, good)
+        assert after.status is Status.OK, after.message
+        assert ev.worker.proc is not None and ev.worker.proc.pid != proc.pid
+        assert ev.worker.restarts == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/environ")
+def test_worker_has_no_credentials(spec: TaskSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secrets = {"OPENAI_API_KEY": "sk-test-123", "HF_TOKEN": "hf_test_456"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    env = scrubbed_env({"FORGE_TEST_EXTRA": "1"})
+    assert not set(secrets) & set(env)
+    assert not set(secrets.values()) & set(env.values())
+    assert env["FORGE_TEST_EXTRA"] == "1" and env["PATH"] == os.environ["PATH"]
+    assert all(is_secret(name) for name in secrets)
+
+    with Evaluator("cpu", timeout_s=15, bench=None, cache_dir=tmp_path) as ev:
+        r = ev.evaluate(spec, Candidate.from_file(CORPUS / "env_probe" / "probe.cpp"))
+        assert r.status is Status.OK, r.message
+        assert ev.worker.proc is not None and ev.worker.proc.poll() is None
+        raw = Path(f"/proc/{ev.worker.proc.pid}/environ").read_bytes()
+    names = {e.split(b"=", 1)[0].decode() for e in raw.split(b"\0") if e}
+    assert "PATH" in names  # it is the real environment
+    for name, value in secrets.items():
+        assert name.encode() not in raw
+        assert value.encode() not in raw
+    assert not sorted(n for n in names if is_secret(n))

@@ -109,7 +109,7 @@ class Worker:
             self._start()
         assert self.proc is not None
         start = time.perf_counter()
-        self.log_path.write_bytes(b"") if self.log_path.exists() else None
+        self.log_path.write_bytes(b"")  # the log tail of a failure should be this request's
         try:
             self.conn_out.send(req)
             if not self.conn_in.poll(timeout_s):

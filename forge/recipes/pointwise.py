@@ -1,0 +1,306 @@
+"""Recipe: pointwise regions (chains with broadcasting, views and casts) -> one C loop for the CPU.
+
+The task's reference source is traced (make_fx, meta tensors) back into an ATen graph. Every value is
+evaluated at a flat row-major index of its own shape: views keep the index, `expand` and broadcasting
+map it to the operand's smaller shape, `permute` remaps it, inputs are loaded through their real
+strides. All arithmetic is in float (double for float64 tasks) and each output is rounded once to its
+dtype. Tasks it cannot express (reductions, gathers, integer math, slices) get `NotMine` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from forge.capture import TensorMeta, contiguous_stride
+from forge.kernel import Candidate, TaskSpec
+from forge.ops import Kind, kind_of, op_name
+from forge.tasks import compile_source
+
+
+class NotMine(Exception):
+    """The recipe cannot express this task (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The schedule the search explores."""
+
+    chunk: int = 0  # OpenMP static schedule chunk (0: even split)
+    simd: bool = True  # `omp parallel for simd`
+    unroll: int = 1  # GCC unroll pragma
+    fast_math: bool = False
+
+
+_VIEWS = {"view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "alias", "clone", "contiguous",
+          "lift_fresh_copy", "detach"}
+_FLOAT_TYPES = {torch.float32: "float", torch.float16: "_Float16", torch.bfloat16: "uint16_t",
+                torch.float64: "double", torch.bool: "uint8_t", torch.uint8: "uint8_t"}
+
+_UNARY = {
+    "exp": "expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "(1.0f / sqrtf({a}))",
+    "sigmoid": "(1.0f / (1.0f + expf(-{a})))", "tanh": "tanhf({a})", "neg": "(-{a})", "abs": "fabsf({a})",
+    "relu": "({a} > 0.0f ? {a} : 0.0f)", "erf": "erff({a})", "log1p": "log1pf({a})", "expm1": "expm1f({a})",
+    "reciprocal": "(1.0f / {a})", "sin": "sinf({a})", "cos": "cosf({a})", "silu": "({a} / (1.0f + expf(-{a})))",
+    "logical_not": "({a} == 0.0f ? 1.0f : 0.0f)", "bitwise_not": "({a} == 0.0f ? 1.0f : 0.0f)",
+    "floor": "floorf({a})", "ceil": "ceilf({a})", "sign": "(({a} > 0.0f) - ({a} < 0.0f))",
+    "exp2": "exp2f({a})", "log2": "log2f({a})", "isnan": "({a} != {a} ? 1.0f : 0.0f)",
+}
+_BINARY = {"mul": "({a} * {b})", "div": "({a} / {b})", "maximum": "fmaxf({a}, {b})",
+           "minimum": "fminf({a}, {b})", "pow": "powf({a}, {b})", "atan2": "atan2f({a}, {b})",
+           "eq": "({a} == {b} ? 1.0f : 0.0f)", "ne": "({a} != {b} ? 1.0f : 0.0f)",
+           "lt": "({a} < {b} ? 1.0f : 0.0f)", "le": "({a} <= {b} ? 1.0f : 0.0f)",
+           "gt": "({a} > {b} ? 1.0f : 0.0f)", "ge": "({a} >= {b} ? 1.0f : 0.0f)",
+           "logical_and": "(({a} != 0.0f && {b} != 0.0f) ? 1.0f : 0.0f)",
+           "logical_or": "(({a} != 0.0f || {b} != 0.0f) ? 1.0f : 0.0f)",
+           "bitwise_and": "(({a} != 0.0f && {b} != 0.0f) ? 1.0f : 0.0f)",
+           "bitwise_or": "(({a} != 0.0f || {b} != 0.0f) ? 1.0f : 0.0f)"}
+
+PRELUDE = r"""#include "forge_abi.h"
+#include <math.h>
+#include <string.h>
+static inline float bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t f2bf(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16);
+}
+static inline float round_bf16(float f) { return bf2f(f2bf(f)); }
+"""
+
+
+def _lit(x: Any) -> str:
+    if isinstance(x, bool):
+        return "1.0f" if x else "0.0f"
+    if isinstance(x, (int, float)):
+        if math.isinf(x):
+            return "INFINITY" if x > 0 else "(-INFINITY)"
+        if math.isnan(x):
+            return "NAN"
+        return f"{float(x)!r}f"
+    raise NotMine(f"unsupported scalar argument {x!r}")
+
+
+def _shape(n: torch.fx.Node) -> tuple[int, ...]:
+    return tuple(int(s) for s in n.meta["val"].shape)
+
+
+def _unflatten(idx: str, shape: tuple[int, ...]) -> list[str]:
+    """C expressions of each dimension's index for a flat row-major index into `shape`."""
+    stride = contiguous_stride(shape)
+    return [f"(({idx}) / {st} % {s})" if s > 1 else "0" for s, st in zip(shape, stride, strict=True)]
+
+
+class _Emitter:
+    """Turns the traced graph into statements of one loop body, memoised per (node, index)."""
+
+    def __init__(self, inputs: dict[torch.fx.Node, int], metas: tuple[TensorMeta, ...]) -> None:
+        self.inputs, self.metas = inputs, metas
+        self.lines: list[str] = []
+        self.memo: dict[tuple[torch.fx.Node, str], str] = {}
+
+    def value(self, node: Any, idx: str) -> str:
+        """A C expression for `node` at flat index `idx` of the node's own shape."""
+        if not isinstance(node, torch.fx.Node):
+            return _lit(node)
+        key = (node, idx)
+        if key not in self.memo:
+            expr = self._compute(node, idx)
+            name = f"t{len(self.memo)}"
+            self.lines.append(f"const float {name} = {expr};")
+            self.memo[key] = name
+        return self.memo[key]
+
+    def _operand(self, node: Any, idx: str, out_shape: tuple[int, ...]) -> str:
+        """`node` broadcast (right-aligned) to `out_shape`, at flat index `idx` of that shape."""
+        if not isinstance(node, torch.fx.Node):
+            return _lit(node)
+        shape = _shape(node)
+        if shape == out_shape:
+            return self.value(node, idx)
+        if math.prod(shape) == 1:
+            return self.value(node, "0")
+        dims = _unflatten(idx, out_shape)[len(out_shape) - len(shape):]
+        stride = contiguous_stride(shape)
+        parts = [f"{d} * {st}" for d, s, st in zip(dims, shape, stride, strict=True) if s > 1]
+        return self.value(node, " + ".join(parts) or "0")
+
+    def _compute(self, n: torch.fx.Node, idx: str) -> str:
+        if n.op == "placeholder":
+            i = self.inputs[n]
+            m = self.metas[i]
+            if m.stride == contiguous_stride(m.shape):
+                off = idx
+            else:
+                dims = _unflatten(idx, m.shape)
+                off = " + ".join(f"{d} * {st}" for d, st in zip(dims, m.stride, strict=True) if st) or "0"
+            raw = f"((const {_FLOAT_TYPES[m.torch_dtype]}*)in[{i}].data)[{off}]"
+            return f"bf2f({raw})" if m.torch_dtype == torch.bfloat16 else f"(float){raw}"
+        name = n.target.overloadpacket.__name__ if isinstance(n.target, torch._ops.OpOverload) else ""
+        args, kw = n.args, n.kwargs
+        if n.target is operator.getitem:
+            if args[1] != 0:
+                raise NotMine("uses a secondary output of a multi-output op")
+            return self.value(args[0], idx)
+        out = _shape(n) if isinstance(n.meta["val"], torch.Tensor) else _shape(args[0])  # tuple: first input
+        if name in _VIEWS:
+            return self.value(args[0], idx)
+        if name == "expand":
+            return self._operand(args[0], idx, out)
+        if name == "permute":
+            src = _shape(args[0])
+            dims = _unflatten(idx, out)
+            pos = [0] * len(src)
+            for o, p in enumerate(args[1]):
+                pos[p % len(src)] = o
+            stride = contiguous_stride(src)
+            parts = [f"{dims[pos[d]]} * {stride[d]}" for d in range(len(src)) if src[d] > 1]
+            return self.value(args[0], " + ".join(parts) or "0")
+        if name in ("scalar_tensor", "full"):
+            return _lit(args[0] if name == "scalar_tensor" else args[1])
+        if name == "_to_copy":
+            dtype = kw.get("dtype")
+            a = self.value(args[0], idx)
+            if dtype == torch.bfloat16:
+                return f"round_bf16({a})"
+            if dtype == torch.float16:
+                return f"(float)(_Float16)({a})"
+            if dtype == torch.bool:
+                return f"({a} != 0.0f ? 1.0f : 0.0f)"
+            if dtype in (torch.float32, torch.float64, None):
+                return a
+            raise NotMine(f"casts to {dtype}")
+        if name in ("add", "sub", "rsub"):
+            a, b = (self._operand(x, idx, out) for x in args[:2])
+            alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
+            b = b if alpha == 1 else f"({_lit(alpha)} * {b})"
+            return {"add": f"({a} + {b})", "sub": f"({a} - {b})", "rsub": f"({b} - {a})"}[name]
+        if name in _BINARY:
+            if name == "div" and kw.get("rounding_mode"):
+                raise NotMine("integer division")
+            if name == "pow" and not isinstance(args[1], torch.fx.Node):
+                return self._power(self.value(args[0], idx), float(args[1]))
+            a, b = (self._operand(x, idx, out) for x in args[:2])
+            return _BINARY[name].format(a=a, b=b)
+        if name == "where":
+            c, a, b = (self._operand(x, idx, out) for x in args[:3])
+            return f"({c} != 0.0f ? {a} : {b})"
+        if name in _UNARY:
+            return _UNARY[name].format(a=self.value(args[0], idx))
+        return self._special(n, name, idx, out)
+
+    def _power(self, a: str, e: float) -> str:
+        return {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 1.0: a, 0.5: f"sqrtf({a})",
+                -0.5: f"(1.0f / sqrtf({a}))", -1.0: f"(1.0f / {a})"}.get(e, f"powf({a}, {_lit(e)})")
+
+    def _special(self, n: torch.fx.Node, name: str, idx: str, out: tuple[int, ...]) -> str:
+        args, kw = n.args, n.kwargs
+        if name == "gelu":
+            a = self.value(args[0], idx)
+            if kw.get("approximate", "none") == "tanh":
+                return f"(0.5f * {a} * (1.0f + tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * {a}))))"
+            return f"(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))"
+        if name in ("clamp", "hardtanh", "clamp_min", "clamp_max"):
+            a = self.value(args[0], idx)
+            lo = args[1] if name != "clamp_max" else None
+            hi = (args[2] if len(args) > 2 else kw.get("max")) if name in ("clamp", "hardtanh") else \
+                (args[1] if name == "clamp_max" else None)
+            if name == "hardtanh":
+                lo, hi = (args[1] if len(args) > 1 else -1.0), (args[2] if len(args) > 2 else 1.0)
+            if isinstance(lo, torch.fx.Node) or isinstance(hi, torch.fx.Node):
+                raise NotMine("tensor clamp bounds")
+            expr = a if lo is None else f"fmaxf({a}, {_lit(lo)})"
+            return expr if hi is None else f"fminf({expr}, {_lit(hi)})"
+        if name == "leaky_relu":
+            a = self.value(args[0], idx)
+            return f"({a} > 0.0f ? {a} : {_lit(args[1] if len(args) > 1 else 0.01)} * {a})"
+        if name == "_native_batch_norm_legit_no_training":
+            x, w, b, mean, var = args[:5]
+            eps = args[6]
+            c = _unflatten(idx, out)[1] if len(out) > 1 else "0"
+            xv = self.value(x, idx)
+            mv, vv = self.value(mean, c), self.value(var, c)
+            wv = self.value(w, c) if w is not None else "1.0f"
+            bv = self.value(b, c) if b is not None else "0.0f"
+            return f"(({xv} - {mv}) * (1.0f / sqrtf({vv} + {_lit(eps)})) * {wv} + {bv})"
+        raise NotMine(f"no recipe for aten.{name}")
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A task the pointwise recipe can express: its C loop body and output stores."""
+
+    body: tuple[str, ...]
+    numel: int
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+
+
+def lower(spec: TaskSpec) -> Lowered:
+    """Trace the task and express it as one loop; raises NotMine when it cannot."""
+    for m in spec.inputs + spec.outputs:
+        if m.torch_dtype not in _FLOAT_TYPES:
+            raise NotMine(f"integer tensors ({m.dtype})")
+    if not spec.outputs:
+        raise NotMine("no outputs")
+    numel = spec.outputs[0].numel
+    for m in spec.outputs:
+        if m.numel != numel:
+            raise NotMine("outputs of different sizes")
+    fake = [torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device="meta") for m in spec.inputs]
+    try:
+        gm = make_fx(compile_source(spec.source))(*fake)
+    except Exception as e:
+        raise NotMine(f"cannot trace the task: {type(e).__name__}") from e
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    em = _Emitter({p: i for i, p in enumerate(placeholders)}, spec.inputs)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and kind_of(n.target) in (Kind.REDUCE, Kind.HEAVY, Kind.SINGLE):
+            what = "a reduction or normalization" if kind_of(n.target) is Kind.REDUCE else f"aten.{op_name(n.target)}"
+            raise NotMine(f"has {what}: not a pointwise region")
+    (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
+    stores = []
+    for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
+        v = em.value(o, "i")
+        ctype = _FLOAT_TYPES[m.torch_dtype]
+        conv = {torch.bfloat16: f"f2bf({v})", torch.bool: f"(uint8_t)({v} != 0.0f)"}.get(m.torch_dtype,
+                                                                                      f"({ctype})({v})")
+        stores.append(f"(({ctype}*)out[{j}].data)[i] = {conv};")
+    return Lowered(tuple(em.lines + stores), numel, spec.inputs, spec.outputs)
+
+
+def emit_cpu(low: Lowered, knobs: Knobs) -> str:
+    """The C++ source of the loop with these knobs."""
+    checks = [f"in[{i}].ndim != {len(m.shape)}" for i, m in enumerate(low.inputs)]
+    checks += [f"in[{i}].shape[{d}] != {s}" for i, m in enumerate(low.inputs) for d, s in enumerate(m.shape)]
+    checks += [f"in[{i}].stride[{d}] != {s}" for i, m in enumerate(low.inputs) for d, s in enumerate(m.stride)
+               if m.shape[d] > 1]
+    schedule = f" schedule(static, {knobs.chunk})" if knobs.chunk else " schedule(static)"
+    guard = " || ".join(checks) or "0"
+    if knobs.unroll > 1:  # blocks of `unroll` elements per iteration of the parallel loop, the tail cut short
+        body = "\n".join(f"      {line}" for line in low.body)
+        inner = "#pragma omp simd" if knobs.simd else f"#pragma GCC unroll {knobs.unroll}"
+        loop = (f"  #pragma omp parallel for{schedule}\n"
+                f"  for (int64_t i0 = 0; i0 < n; i0 += {knobs.unroll}) {{\n"
+                f"    const int64_t end = i0 + {knobs.unroll} < n ? i0 + {knobs.unroll} : n;\n"
+                f"    {inner}\n    for (int64_t i = i0; i < end; ++i) {{\n{body}\n    }}\n  }}\n")
+    else:
+        body = "\n".join(f"    {line}" for line in low.body)
+        loop = (f"  #pragma omp parallel for{' simd' if knobs.simd else ''}{schedule}\n"
+                f"  for (int64_t i = 0; i < n; ++i) {{\n{body}\n  }}\n")
+    return (f"{PRELUDE}\n// forge recipe: pointwise, knobs {knobs}\n"
+            f"extern \"C\" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {{\n"
+            f"  if (n_in != {len(low.inputs)} || n_out != {len(low.outputs)}) return 1;\n"
+            f"  if ({guard}) return 2;\n"
+            f"  const int64_t n = {low.numel};\n{loop}  return 0;\n}}\n")
+
+
+def candidate(low: Lowered, knobs: Knobs) -> Candidate:
+    """A cpu Candidate for these knobs (fast math is a compiler flag)."""
+    return Candidate("cpu", emit_cpu(low, knobs), flags=("-ffast-math",) if knobs.fast_math else ())

@@ -1,0 +1,75 @@
+"""The pointwise recipe: generated C kernels verified by the real worker on assorted pointwise tasks."""
+
+import pytest
+import torch
+from conftest import EXAMPLES
+
+from forge.capture import capture
+from forge.evaluate import Evaluator
+from forge.kernel import TaskSpec
+from forge.model_input import load_file
+from forge.recipes.pointwise import Knobs, NotMine, candidate, lower
+from forge.tasks import build_tasks
+
+
+class Mixed(torch.nn.Module):
+    """BatchNorm(eval)+ReLU, a broadcast GELU-tanh cast to bf16, a permuted copy, a masked select, a tail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.w = torch.nn.Parameter(torch.randn(16))
+
+    def forward(self, x, y, z):
+        a = torch.relu(self.bn(x))
+        b = torch.nn.functional.gelu(y * self.w + 1.0, approximate="tanh").to(torch.bfloat16)
+        c = x.permute(0, 2, 3, 1) * 2
+        d = torch.where(z > 0.5, torch.sigmoid(z), -z).clamp(-1.5, 3.0)
+        return a, b, c, d
+
+
+def specs():
+    model = Mixed().eval()
+    with torch.no_grad():
+        model.bn.running_mean.normal_()
+        model.bn.running_var.uniform_(0.5, 2.0)
+    inputs = [torch.randn(2, 8, 5, 7), torch.randn(3, 5, 16), torch.randn(1001)]  # 1001: no vector multiple
+    tasks = build_tasks(capture(model, inputs).graph_module.graph)
+    loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py", "cpu", "bf16")
+    tasks += build_tasks(capture(loaded.model, loaded.inputs).graph_module.graph)
+    out = []
+    for t in tasks:
+        try:
+            out.append((t, lower(TaskSpec.of(t))))
+        except NotMine:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    with Evaluator("cpu", timeout_s=60) as ev:
+        yield ev
+
+
+def test_generated_kernels_pass_verification(evaluator):
+    found = specs()
+    families = {t.family for t, _ in found}
+    assert len(found) >= 5 and {"normalization", "activation"} <= families, [t.key for t, _ in found]
+    for task, low in found:
+        for knobs in (Knobs(), Knobs(simd=False, chunk=256, unroll=4, fast_math=True)):
+            res = evaluator.evaluate(TaskSpec.of(task), candidate(low, knobs))
+            assert res.status.value == "ok", (task.key, knobs, res.message, res.build_log[-500:])
+            assert res.timing and res.timing.median_us > 0
+
+
+def test_not_mine_says_why():
+    loaded = load_file(EXAMPLES / "groupnorm_silu_conv.py")
+    reasons = {}
+    for t in build_tasks(capture(loaded.model, loaded.inputs).graph_module.graph):
+        try:
+            lower(TaskSpec.of(t))
+        except NotMine as e:
+            reasons[t.family] = str(e)
+    assert "convolution" in reasons["convolution/pooling"]
+    assert "reduction or normalization" in reasons["normalization"]

@@ -1,6 +1,7 @@
 """Calling a built candidate from the worker: ctypes for cpu/cuda libraries, import for Triton modules.
 
-Important: this module runs untrusted code and is only ever imported by the worker process.
+Important: this module runs kernel code. The search harness never imports it: candidates run only in the
+worker process; forge.dispatch uses it for kernels that passed verification.
 """
 
 from __future__ import annotations

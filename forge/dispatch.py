@@ -1,0 +1,194 @@
+"""Guarded dispatch: the captured graph with winning kernels in place of their regions.
+
+`apply(model, inputs, kernels)` captures the model as forge.capture does, finds every occurrence of
+each task key (forge.tasks), and swaps the region's nodes for one call of a `GuardedKernel`. At run
+time the kernel runs only when its guards hold: device type, dtype, shape and stride of every input,
+and no autograd (inference only); otherwise, or when the kernel fails, the region's eager reference
+runs instead and the fallback is counted (`strict=True` raises instead). Counters are per kernel.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from forge.capture import TensorMeta, capture
+from forge.launch import Launcher, LaunchError
+from forge.tasks import Task, build_tasks, compile_source, render
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KernelArtifact:
+    """A verified kernel for one task: its built library (or module) and how to call it."""
+
+    key: str
+    backend: str  # cpu | cuda | triton
+    path: str
+    entry: str
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+    source: str  # the task's reference source (the fallback)
+
+
+@dataclass
+class Counters:
+    """How often a kernel ran, and why it did not."""
+
+    hits: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+
+
+class GuardedKernel(torch.nn.Module):
+    """Calls a kernel when the inputs are what it was verified for; the eager reference otherwise."""
+
+    def __init__(self, art: KernelArtifact, strict: bool = False) -> None:
+        super().__init__()
+        self.art, self.strict = art, strict
+        self.reference = compile_source(art.source)
+        self.launcher: Launcher | None = None
+        self.counters = Counters()
+        self.device_type = "cpu" if art.backend == "cpu" else "cuda"
+
+    def _guard(self, args: tuple[Any, ...]) -> str | None:
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return "autograd"
+        if len(args) != len(self.art.inputs):
+            return "arity"
+        for a, m in zip(args, self.art.inputs, strict=True):
+            if not isinstance(a, torch.Tensor) or a.device.type != self.device_type:
+                return "device"
+            if a.dtype != m.torch_dtype:
+                return "dtype"
+            if tuple(a.shape) != m.shape:
+                return "shape"
+            if tuple(a.stride()) != m.stride:
+                return "stride"
+        return None
+
+    def _fallback(self, why: str, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
+        if self.strict:
+            raise RuntimeError(f"forge kernel {self.art.key} did not run: {why}")
+        self.counters.fallbacks[why] += 1
+        return tuple(self.reference(*args))
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        why = self._guard(args)
+        if why is not None:
+            return self._fallback(why, args)
+        device = args[0].device if args else torch.device(self.device_type)
+        outs = [torch.empty(m.shape, dtype=m.torch_dtype, device=device) for m in self.art.outputs]
+        try:
+            if self.launcher is None:
+                self.launcher = Launcher(self.art.backend, self.art.path, self.art.entry)
+            self.launcher.bind(list(args), outs)()
+        except (LaunchError, OSError, RuntimeError) as e:
+            if self.strict:
+                raise
+            log.warning("forge kernel %s failed, running eager: %s", self.art.key, e)
+            return self._fallback("error", args)
+        self.counters.hits += 1
+        return tuple(outs)
+
+
+def _stable_toposort(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """A copy of `graph` in an order where every node follows its inputs (original order otherwise)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    pending = {n: len(set(n.all_input_nodes)) for n in graph.nodes}
+    new, env = torch.fx.Graph(), {}
+    heap = [(order[n], n.name, n) for n, k in pending.items() if k == 0]
+    heapq.heapify(heap)
+    while heap:
+        _, _, n = heapq.heappop(heap)
+        env[n] = new.node_copy(n, env.__getitem__)
+        for u in n.users:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(heap, (order[u], u.name, u))
+    if len(env) != len(order):
+        raise RuntimeError("the patched graph has a cycle")
+    return new
+
+
+class OptimizedModule(torch.nn.Module):
+    """The captured model with guarded kernels; `counters()` reports hits and fallbacks per task key."""
+
+    def __init__(self, gm: torch.fx.GraphModule, template: list[Any], user_slots: list[int],
+                 kernels: dict[str, GuardedKernel], original: torch.nn.Module, inputs: list[Any]) -> None:
+        super().__init__()
+        self.gm, self.kernels, self.original = gm, kernels, original
+        self._template, self._user_slots = template, user_slots
+        self._signature = [_sig(x) for x in inputs]
+        self.model_fallbacks = 0  # calls whose inputs differ from the captured ones: the whole model ran eager
+
+    def forward(self, *inputs: Any) -> Any:
+        if [_sig(x) for x in inputs] != self._signature:  # the graph is specialised to the captured inputs
+            self.model_fallbacks += 1
+            return self.original(*inputs)
+        args = list(self._template)
+        for slot, x in zip(self._user_slots, inputs, strict=True):
+            args[slot] = x
+        with torch.no_grad():
+            out = self.gm(*args)
+        return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
+
+    def counters(self) -> dict[str, Counters]:
+        """Per task key: hits and fallbacks (by reason)."""
+        return {k: g.counters for k, g in self.kernels.items()}
+
+
+def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], strict: bool = False
+          ) -> OptimizedModule:
+    """Capture `model` on `inputs` and replace every region whose task key has a kernel."""
+    cap = capture(model, inputs)
+    gm = cap.graph_module
+    graph = gm.graph
+    by_key = {k.key: k for k in kernels}
+    tasks: list[Task] = [t for t in build_tasks(graph) if t.key in by_key]
+    guarded = {t.key: GuardedKernel(by_key[t.key], strict) for t in tasks}
+    names = {}
+    for i, t in enumerate(tasks):
+        names[t.key] = f"forge_kernel_{i}"
+        gm.add_submodule(names[t.key], guarded[t.key])
+    nodes = {n.name: n for n in graph.nodes}
+    for t in tasks:
+        for occ in t.occurrences:
+            region = [nodes[name] for name in occ]
+            r = render(region)
+            last = region[-1]
+            with graph.inserting_before(last):
+                call = graph.call_module(names[t.key], tuple(nodes[i] for i in r.input_nodes))
+                outs = [graph.call_function(_item, (call, j)) for j in range(len(r.output_nodes))]
+            for name, new in zip(r.output_nodes, outs, strict=True):
+                new.meta = dict(nodes[name].meta)
+                nodes[name].replace_all_uses_with(new, delete_user_cb=lambda u, ms=set(region): u not in ms)
+            for n in reversed(region):
+                for u in list(n.users):  # runtime asserts on region values go with the region
+                    if u not in region and u.op == "call_function" and not u.users:
+                        graph.erase_node(u)
+                graph.erase_node(n)
+    new_graph = _stable_toposort(graph)
+    patched = torch.fx.GraphModule(gm, new_graph)
+    patched.recompile()
+    marks = [object() for _ in inputs]
+    template = cap.flat_args(marks)
+    slots = [next(i for i, a in enumerate(template) if a is m) for m in marks]
+    return OptimizedModule(patched, template, slots, guarded, model, inputs)
+
+
+def _sig(x: Any) -> Any:
+    """What the captured graph is specialised to: device, dtype and shape of a tensor, else the value."""
+    if isinstance(x, torch.Tensor):
+        return (x.device.type, x.dtype, tuple(x.shape))
+    return x
+
+
+def _item(t: tuple[torch.Tensor, ...], i: int) -> torch.Tensor:
+    return t[i]

@@ -1,0 +1,77 @@
+"""Guarded dispatch on the CPU: real generated kernels patched into the captured graph."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import EXAMPLES
+
+from forge.build import build
+from forge.capture import capture
+from forge.dispatch import GuardedKernel, KernelArtifact, apply
+from forge.kernel import TaskSpec
+from forge.model_input import load_file
+from forge.recipes.pointwise import Knobs, NotMine, candidate, lower
+from forge.tasks import build_tasks
+
+
+@pytest.fixture(scope="module")
+def swiglu():
+    loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py")
+    arts = []
+    for t in build_tasks(capture(loaded.model, loaded.inputs).graph_module.graph):
+        try:
+            low = lower(TaskSpec.of(t))
+        except NotMine:
+            continue
+        c = candidate(low, Knobs())
+        b = build(c)
+        assert b.ok, b.log
+        arts.append(KernelArtifact(t.key, "cpu", b.path, c.entry, t.inputs, t.outputs, t.source))
+    assert len(arts) == 2  # the SwiGLU product and the residual add
+    return loaded, arts
+
+
+def test_patched_model_matches_eager_and_counts_hits(swiglu):
+    loaded, arts = swiglu
+    opt = apply(loaded.model, loaded.inputs, arts)
+    for _ in range(3):
+        x = torch.randn(4, 256, 512)
+        with torch.no_grad():
+            expected = loaded.model(x)
+        torch.testing.assert_close(opt(x), expected)
+    counters = opt.counters()
+    assert {k for k in counters} == {a.key for a in arts}
+    assert all(c.hits == 3 and not c.fallbacks for c in counters.values())
+    assert "forge_kernel_0" in opt.gm.code
+    x = torch.randn(2, 100, 512)  # another shape: the captured graph does not apply, the model runs eager
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), loaded.model(x))
+    assert opt.model_fallbacks == 1 and all(c.hits == 3 for c in opt.counters().values())
+
+
+def test_guards_fall_back_to_eager_and_are_counted(swiglu):
+    _, arts = swiglu
+    art = next(a for a in arts if "sigmoid" in a.key)
+    k = GuardedKernel(art)
+    g, u = (torch.randn(m.shape) for m in art.inputs)
+    torch.testing.assert_close(k(g, u)[0], k.reference(g, u)[0])
+    k(g.double(), u.double())  # dtype
+    k(g.t().contiguous().t(), u)  # stride
+    k(g.requires_grad_(), u)  # autograd
+    assert k.counters.hits == 1
+    assert dict(k.counters.fallbacks) == {"dtype": 1, "stride": 1, "autograd": 1}
+    with pytest.raises(RuntimeError, match="did not run: dtype"):
+        GuardedKernel(art, strict=True)(g.detach().double(), u.double())
+
+
+def test_a_failing_kernel_falls_back_unless_strict(swiglu, tmp_path):
+    _, arts = swiglu
+    art = replace(next(a for a in arts if "sigmoid" in a.key), path=str(tmp_path / "missing.so"))
+    g, u = (torch.randn(m.shape) for m in art.inputs)
+    k = GuardedKernel(art)
+    torch.testing.assert_close(k(g, u)[0], torch.sigmoid(g.view(4, 256, 1376)).mul(g.view(4, 256, 1376))
+                               .mul(u.view(4, 256, 1376)).view(1024, 1376))
+    assert k.counters.fallbacks["error"] == 1 and k.counters.hits == 0
+    with pytest.raises(OSError):
+        GuardedKernel(art, strict=True)(g, u)

@@ -100,8 +100,10 @@ def _unflatten(idx: str, shape: tuple[int, ...]) -> list[str]:
 class _Emitter:
     """Turns the traced graph into statements of one loop body, memoised per (node, index)."""
 
-    def __init__(self, inputs: dict[torch.fx.Node, int], metas: tuple[TensorMeta, ...]) -> None:
-        self.inputs, self.metas = inputs, metas
+    def __init__(self, inputs: dict[torch.fx.Node, int], metas: tuple[TensorMeta, ...], prefix: str = "t",
+                 special: dict[torch.fx.Node, Any] | None = None) -> None:
+        self.inputs, self.metas, self.prefix = inputs, metas, prefix
+        self.special = special or {}  # node -> function(idx) giving its expression (a reduction's result)
         self.lines: list[str] = []
         self.memo: dict[tuple[torch.fx.Node, str], str] = {}
 
@@ -109,10 +111,12 @@ class _Emitter:
         """A C expression for `node` at flat index `idx` of the node's own shape."""
         if not isinstance(node, torch.fx.Node):
             return _lit(node)
+        if node in self.special:
+            return self.special[node](idx)
         key = (node, idx)
         if key not in self.memo:
             expr = self._compute(node, idx)
-            name = f"t{len(self.memo)}"
+            name = f"{self.prefix}{len(self.memo)}"
             self.lines.append(f"const float {name} = {expr};")
             self.memo[key] = name
         return self.memo[key]
@@ -161,6 +165,20 @@ class _Emitter:
                 pos[p % len(src)] = o
             stride = contiguous_stride(src)
             parts = [f"{dims[pos[d]]} * {stride[d]}" for d in range(len(src)) if src[d] > 1]
+            return self.value(args[0], " + ".join(parts) or "0")
+        if name in ("slice", "select"):
+            src = _shape(args[0])
+            dim = args[1] % len(src)
+            dims = _unflatten(idx, out)
+            if name == "select":
+                dims.insert(dim, str(args[2] % src[dim]))
+            else:
+                start = 0 if len(args) < 3 or args[2] is None else args[2]
+                start = start + src[dim] if start < 0 else min(start, src[dim])
+                step = args[4] if len(args) > 4 else 1
+                dims[dim] = f"({start} + {dims[dim]} * {step})"
+            stride = contiguous_stride(src)
+            parts = [f"{d} * {st}" for d, s_, st in zip(dims, src, stride, strict=True) if s_ > 1]
             return self.value(args[0], " + ".join(parts) or "0")
         if name in ("scalar_tensor", "full"):
             return _lit(args[0] if name == "scalar_tensor" else args[1])
@@ -232,6 +250,16 @@ class _Emitter:
         raise NotMine(f"no recipe for aten.{name}")
 
 
+def trace_task(spec: TaskSpec) -> torch.fx.GraphModule:
+    """The task's reference traced back to an ATen graph on meta tensors; NotMine if it cannot be."""
+    fake = [torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device="meta") for m in spec.inputs]
+    fn = compile_source(spec.source)
+    try:
+        return make_fx(lambda *args: fn(*args))(*fake)  # the lambda hides region's optional `device`
+    except Exception as e:
+        raise NotMine(f"cannot trace the task: {type(e).__name__}: {str(e)[:100]}") from e
+
+
 @dataclass(frozen=True)
 class Lowered:
     """A task the pointwise recipe can express: its C loop body and output stores."""
@@ -253,11 +281,7 @@ def lower(spec: TaskSpec) -> Lowered:
     for m in spec.outputs:
         if m.numel != numel:
             raise NotMine("outputs of different sizes")
-    fake = [torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device="meta") for m in spec.inputs]
-    try:
-        gm = make_fx(compile_source(spec.source))(*fake)
-    except Exception as e:
-        raise NotMine(f"cannot trace the task: {type(e).__name__}") from e
+    gm = trace_task(spec)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     em = _Emitter({p: i for i, p in enumerate(placeholders)}, spec.inputs)
     for n in gm.graph.nodes:

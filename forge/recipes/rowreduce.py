@@ -1,0 +1,219 @@
+"""Recipe: row reductions with a prologue and an epilogue -> one C kernel for the CPU.
+
+A region with one reduction or normalization over its input's trailing dimensions (softmax,
+log-softmax, logsumexp, mean/sum/amax, RMSNorm written out, LayerNorm, GroupNorm, whose groups are
+trailing-contiguous too) becomes a loop over rows, in parallel; per row, pass 1 evaluates the prologue
+and accumulates the statistics, pass 2 evaluates the epilogue at every element and stores the outputs.
+Knobs: online softmax (one pass for max and sum) or two passes; Welford or sum/sum-of-squares
+variance; OpenMP schedule; SIMD reductions. Pointwise code comes from forge.recipes.pointwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from forge.kernel import Candidate, TaskSpec
+from forge.ops import Kind, kind_of, op_name
+from forge.recipes.pointwise import _FLOAT_TYPES, PRELUDE, NotMine, _Emitter, _lit, _shape, trace_task
+
+_REDUCE_OPS = {"mean", "sum", "amax", "amin", "_softmax", "_log_softmax", "logsumexp", "native_layer_norm",
+               "native_group_norm", "var"}
+
+
+@dataclass(frozen=True)
+class RowKnobs:
+    """The schedule the search explores."""
+
+    online: bool = True  # softmax: running max and sum in one pass (else a max pass, then a sum pass)
+    welford: bool = False  # variance by Welford's update (else sum and sum of squares in double)
+    simd: bool = True
+    chunk: int = 0  # OpenMP schedule chunk over rows (0: even split)
+
+
+@dataclass(frozen=True)
+class RowLowered:
+    """The parts of the kernel: statistics code per row, the element loop, and the stores."""
+
+    op: str
+    rows: int
+    length: int
+    x_lines: tuple[str, ...]  # pass-1 prologue lines computing `x` (the reduced input) at index i
+    x_expr: str
+    y_lines: tuple[str, ...]  # pass-2 lines at element index i (epilogue and full-size stores)
+    row_stores: tuple[str, ...]  # stores of row-sized outputs, at index r
+    stats: str  # how the statistics are turned into the reduce node's values (documentation only)
+    n_in: int
+    n_out: int
+    guard: str
+
+
+def lower(spec: TaskSpec) -> RowLowered:
+    """Express the task as a row reduction; raises NotMine when it is not one."""
+    for m in spec.inputs + spec.outputs:
+        if m.torch_dtype not in _FLOAT_TYPES:
+            raise NotMine(f"integer tensors ({m.dtype})")
+    gm = trace_task(spec)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    reds = [n for n in nodes if kind_of(n.target) is Kind.REDUCE]
+    if len(reds) != 1 or any(kind_of(n.target) in (Kind.HEAVY, Kind.SINGLE) for n in nodes):
+        raise NotMine("not one reduction with pointwise ops around it")
+    red = reds[0]
+    name = op_name(red.target)
+    if name not in _REDUCE_OPS:
+        raise NotMine(f"no row recipe for aten.{name}")
+    x = red.args[0]
+    shape = _shape(x)
+    length = _row_length(red, name, shape)
+    rows = math.prod(shape) // length
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = {p: i for i, p in enumerate(placeholders)}
+    for u in red.users:  # only the main output of multi-output norms
+        if op_name(u.target) == "getitem" and u.args[1] != 0 and u.users:
+            raise NotMine("uses the saved statistics of a normalization")
+    pro = _Emitter(inputs, spec.inputs, prefix="p")
+    x_expr = pro.value(x, "i")
+    epi = _Emitter(inputs, spec.inputs, prefix="e", special={red: lambda idx: _reduced_value(red, name, idx, epi,
+                                                                                          length)})
+    per_row = _Emitter(inputs, spec.inputs, prefix="q", special={red: lambda idx: _reduced_value(
+        red, name, idx, per_row, length)})
+    (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
+    y_stores, row_stores = [], []
+    for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
+        ctype = _FLOAT_TYPES[m.torch_dtype]
+        if m.numel == rows * length:
+            v, target, at = epi.value(o, "i"), y_stores, "i"
+        elif m.numel == rows:
+            v, target, at = per_row.value(o, "r"), row_stores, "r"
+        else:
+            raise NotMine("an output that is neither per element nor per row")
+        conv = {torch.bfloat16: f"f2bf({v})"}.get(m.torch_dtype, f"({ctype})({v})")
+        target.append(f"(({ctype}*)out[{j}].data)[{at}] = {conv};")
+    guard = " || ".join([f"in[{i}].shape[{d}] != {s}" for i, m in enumerate(spec.inputs)
+                         for d, s in enumerate(m.shape)] + [f"in[{i}].stride[{d}] != {s}"
+                         for i, m in enumerate(spec.inputs) for d, s in enumerate(m.stride)
+                         if m.shape[d] > 1]) or "0"
+    return RowLowered(name, rows, length, tuple(pro.lines), x_expr, tuple(epi.lines + y_stores),
+                      tuple(per_row.lines + row_stores), name, len(spec.inputs), len(spec.outputs), guard)
+
+
+def _row_length(red: torch.fx.Node, name: str, shape: tuple[int, ...]) -> int:
+    """Elements per row; raises NotMine unless the reduction covers trailing dimensions."""
+    nd = len(shape)
+    if name in ("_softmax", "_log_softmax"):
+        if red.args[1] % nd != nd - 1:
+            raise NotMine("softmax over a dimension that is not the last")
+        return shape[-1]
+    if name == "native_layer_norm":
+        return math.prod(red.args[1])
+    if name == "native_group_norm":
+        n, c, hw, g = red.args[3], red.args[4], red.args[5], red.args[6]
+        return (c // g) * hw if n * c * hw == math.prod(shape) else 0
+    dims = red.args[1] if len(red.args) > 1 else red.kwargs.get("dim")
+    if dims is None:
+        return math.prod(shape)
+    dims = sorted(d % nd for d in ([dims] if isinstance(dims, int) else dims))
+    if dims != list(range(nd - len(dims), nd)):
+        raise NotMine("reduces dimensions that are not the trailing ones")
+    if name in ("var", "var_mean") and (red.kwargs.get("correction", 1) not in (0, 1)):
+        raise NotMine("variance correction other than 0 or 1")
+    return math.prod(shape[nd - len(dims):])
+
+
+def _reduced_value(red: torch.fx.Node, name: str, idx: str, epi: _Emitter, length: int) -> str:
+    """The reduce node's value at `idx` in pass 2, from the row statistics (mx, sm, mean, rstd)."""
+    if name in ("mean", "sum", "amax", "amin", "logsumexp", "var"):
+        return {"mean": "mean", "sum": "sm", "amax": "mx", "amin": "mn", "logsumexp": "(mx + logf(sm))",
+                "var": "var_"}[name]
+    xv = epi.value(red.args[0], idx)
+    if name == "_softmax":
+        return f"(expf({xv} - mx) * inv_sm)"
+    if name == "_log_softmax":
+        return f"({xv} - mx - logf(sm))"
+    if name == "native_layer_norm":
+        w, b = red.args[2], red.args[3]
+        j = f"(({idx}) % {length})"
+        wv = epi.value(w, j) if w is not None else "1.0f"
+        bv = epi.value(b, j) if b is not None else "0.0f"
+        return f"(({xv} - mean) * rstd * {wv} + {bv})"
+    if name == "native_group_norm":
+        w, b, c, hw = red.args[1], red.args[2], red.args[4], red.args[5]
+        ch = f"((({idx}) / {hw}) % {c})"
+        wv = epi.value(w, ch) if w is not None else "1.0f"
+        bv = epi.value(b, ch) if b is not None else "0.0f"
+        return f"(({xv} - mean) * rstd * {wv} + {bv})"
+    raise NotMine(f"no row recipe for aten.{name}")
+
+
+def _stats_code(low: RowLowered, knobs: RowKnobs, eps: str) -> str:
+    """Pass 1: the row statistics the op needs."""
+    pro = "\n".join(f"      {line}" for line in low.x_lines)
+    loop = f"    for (int64_t j = 0; j < {low.length}; ++j) {{\n      const int64_t i = base + j;\n{pro}\n"
+    x = low.x_expr
+    simd = "    #pragma omp simd reduction(+:sm)\n" if knobs.simd else ""
+    if low.op in ("_softmax", "_log_softmax", "logsumexp"):
+        if knobs.online:
+            return (f"    float mx = -INFINITY, sm = 0.0f;\n{loop}"
+                    f"      const float v = {x};\n"
+                    f"      if (v > mx) {{ sm = sm * expf(mx - v) + 1.0f; mx = v; }}\n"
+                    f"      else if (v != -INFINITY) sm += expf(v - mx);  // -inf - -inf would be NaN\n"
+                    f"    }}\n    const float inv_sm = 1.0f / sm; (void)inv_sm;\n")
+        simd_max = "    #pragma omp simd reduction(max:mx)\n" if knobs.simd else ""
+        return (f"    float mx = -INFINITY, sm = 0.0f;\n{simd_max}{loop}      mx = fmaxf(mx, {x});\n    }}\n"
+                f"{simd}{loop}      sm += expf({x} - mx);\n    }}\n"
+                f"    const float inv_sm = 1.0f / sm; (void)inv_sm;\n")
+    if low.op in ("amax", "amin"):
+        op, init, var = ("fmaxf", "-INFINITY", "mx") if low.op == "amax" else ("fminf", "INFINITY", "mn")
+        red = "max" if low.op == "amax" else "min"
+        pragma = f"    #pragma omp simd reduction({red}:{var})\n" if knobs.simd else ""
+        return f"    float {var} = {init};\n{pragma}{loop}      {var} = {op}({var}, {x});\n    }}\n"
+    if low.op in ("mean", "sum"):
+        return (f"    double sm_d = 0.0;\n{simd.replace('sm', 'sm_d')}{loop}      sm_d += {x};\n    }}\n"
+                f"    const float sm = (float)sm_d; const float mean = (float)(sm_d / {low.length}); "
+                f"(void)sm; (void)mean;\n")
+    # mean and variance: layer norm, group norm, var
+    if knobs.welford:
+        acc = (f"    double mean_d = 0.0, m2 = 0.0; int64_t cnt = 0;\n{loop}"
+               f"      const double v = {x}; ++cnt; const double d = v - mean_d; mean_d += d / cnt;"
+               f" m2 += d * (v - mean_d);\n    }}\n    const double var_d = m2 / {low.length};\n")
+    else:
+        pragma = "    #pragma omp simd reduction(+:s1, s2)\n" if knobs.simd else ""
+        acc = (f"    double s1 = 0.0, s2 = 0.0;\n{pragma}{loop}      const double v = {x}; s1 += v; s2 += v * v;\n"
+               f"    }}\n    const double mean_d = s1 / {low.length};\n"
+               f"    const double var_d = s2 / {low.length} - mean_d * mean_d > 0 ? "
+               f"s2 / {low.length} - mean_d * mean_d : 0.0;\n")
+    return (acc + f"    const float mean = (float)mean_d; const float rstd = (float)(1.0 / sqrt(var_d + {eps}));"
+            f" const float var_ = (float)var_d; (void)rstd; (void)var_;\n")
+
+
+def emit_cpu(low: RowLowered, knobs: RowKnobs, eps: float) -> str:
+    """The C++ source of the row kernel with these knobs."""
+    schedule = f"schedule(static, {knobs.chunk})" if knobs.chunk else "schedule(static)"
+    y = "\n".join(f"      {line}" for line in low.y_lines)
+    rows = "\n".join(f"    {line}" for line in low.row_stores)
+    pass2 = (f"    for (int64_t j = 0; j < {low.length}; ++j) {{\n      const int64_t i = base + j;\n{y}\n    }}\n"
+             if low.y_lines else "")
+    return (f"{PRELUDE}\n// forge recipe: row reduction ({low.op}), {low.rows} rows of {low.length}, {knobs}\n"
+            f"extern \"C\" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {{\n"
+            f"  if (n_in != {low.n_in} || n_out != {low.n_out}) return 1;\n"
+            f"  if ({low.guard}) return 2;\n"
+            f"  #pragma omp parallel for {schedule}\n"
+            f"  for (int64_t r = 0; r < {low.rows}; ++r) {{\n"
+            f"    const int64_t base = r * {low.length};\n"
+            f"{_stats_code(low, knobs, _lit(eps))}{pass2}{rows}\n  }}\n  return 0;\n}}\n")
+
+
+def eps_of(spec: TaskSpec) -> float:
+    """The epsilon of a layer or group norm in the task (0 when there is none)."""
+    for n in trace_task(spec).graph.nodes:
+        if n.op == "call_function" and op_name(n.target) in ("native_layer_norm", "native_group_norm"):
+            return float(n.args[-1])
+    return 0.0
+
+
+def candidate(spec: TaskSpec, low: RowLowered, knobs: RowKnobs) -> Candidate:
+    """A cpu Candidate for these knobs."""
+    return Candidate("cpu", emit_cpu(low, knobs, eps_of(spec)))

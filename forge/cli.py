@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from forge.errors import UserError
 
@@ -63,8 +64,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """forge eval: one candidate through build, verification and timing; exit 0 if it passes, 1 if not."""
-    from pathlib import Path
-
     from forge.evaluate import Evaluator, evaluation_fields
     from forge.kernel import Candidate, TaskSpec
     from forge.model_input import check_device
@@ -116,6 +115,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0 if res.status.passed else 1
 
 
+def cmd_optimize(args: argparse.Namespace) -> int:
+    """forge optimize: search kernels for every task and measure the model end to end."""
+    import json
+
+    from rich.console import Console
+
+    from forge.optimize import optimize
+    from forge.render import print_optimize
+    from forge.search import Budget
+    from forge.store import Store
+
+    if args.policy != "recipes":
+        raise UserError(f"unknown --policy {args.policy!r}: only 'recipes' exists so far")
+    loaded = load_model(args)
+    budget = Budget(candidates=args.budget, seconds=args.seconds, per_task=max(4, min(args.budget, 16)))
+    console = Console(stderr=True)
+
+    def progress(key: str, n: int, best: float | None) -> None:
+        console.print(f"  {key}: {n} candidates, best {best:.2f}x" if best else f"  {key}: {n} candidates")
+
+    report = optimize(loaded, Store(args.db), policy=args.policy, budget=budget, progress=progress)
+    print_optimize(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="forge", description="Make PyTorch models faster by searching "
@@ -145,6 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("layers", "batch", "seq", "resolution"):
         p.add_argument(f"--{name}", type=int, help=f"zoo: {name}")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("optimize", help="search faster kernels for a model and measure it end to end")
+    _add_model_args(p)
+    p.add_argument("--policy", default="recipes", help="recipes (offline code generator; the default)")
+    p.add_argument("--budget", type=int, default=48, help="candidates over all tasks")
+    p.add_argument("--seconds", type=float, default=600.0, help="wall-time budget of the search")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
+    p.set_defaults(func=cmd_optimize)
     return parser
 
 

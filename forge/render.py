@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
@@ -82,3 +84,23 @@ def print_eval(task: Task, cand: Candidate, res: EvalResult, console: Console | 
     console.print(table)
     if not ok and res.build_log and res.status.value == "build_error":
         console.print(res.build_log[-2000:])
+
+
+def print_optimize(report: Any, console: Console | None = None) -> None:
+    """Print an optimize report: the tasks and the end-to-end result."""
+    console = console or Console()
+    table = Table(title=f"run {report.run_id} on {report.device} ({report.policy})", title_justify="left")
+    for col in ("task", "family", "share", "eager us", "best us", "speedup", "cand.", "status", "stopped"):
+        table.add_column(col, no_wrap=col in ("task", "family"))
+    for t in report.tasks:
+        if t.status == "skipped":
+            continue
+        table.add_row(t.key, t.family, f"{100 * t.share:.1f}%", f"{t.eager_us:.1f}" if t.eager_us else "-",
+                      f"{t.best_us:.1f}" if t.best_us else "-", f"{t.speedup:.2f}x" if t.speedup else "-",
+                      str(t.candidates), t.status, t.stop_reason if len(t.stop_reason) < 48 else
+                      t.stop_reason[:45] + "...")
+    console.print(table)
+    colour = "green" if report.outputs_match else "red"
+    console.print(f"end to end: eager {report.eager_ms:.3f} ms, forge {report.forge_ms:.3f} ms, "
+                  f"[bold]{report.speedup:.2f}x[/]; outputs match: [{colour}]{report.outputs_match}[/] "
+                  f"(max rel. error {report.max_rel_err:.1e}); kernels in {report.artifact}")

@@ -1,0 +1,70 @@
+"""End to end: the optimized model against eager, timed interleaved in one process, outputs compared.
+
+Timing: warm-up, then eager and optimized forwards alternate call by call (CUDA: events and a
+device-wide synchronisation; CPU: perf_counter), medians of each. Outputs: both run on fresh inputs
+(a new seed of the model's own input generator) and are compared with the dtype's tolerance relative
+to the magnitude of eager's output.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2, torch.float64: 1e-6}
+
+
+def _time_once(fn: Callable[[], Any], cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        return s.elapsed_time(e)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def interleaved_ms(eager: Callable[[], Any], optimized: Callable[[], Any], device: str, runs: int = 15,
+                   warmup: int = 3) -> tuple[float, float]:
+    """Median milliseconds of eager and optimized forwards, alternating call by call."""
+    cuda = device.startswith("cuda")
+    with torch.no_grad():
+        for _ in range(warmup):
+            eager()
+            optimized()
+        a, b = [], []
+        for _ in range(runs):
+            a.append(_time_once(eager, cuda))
+            b.append(_time_once(optimized, cuda))
+    return statistics.median(a), statistics.median(b)
+
+
+def compare(expected: Any, got: Any) -> tuple[bool, float]:
+    """(match, max relative error) of two outputs (tensors or tuples of them)."""
+    exp = expected if isinstance(expected, (tuple, list)) else (expected,)
+    out = got if isinstance(got, (tuple, list)) else (got,)
+    if len(exp) != len(out):
+        return False, float("inf")
+    worst, ok = 0.0, True
+    for e, o in zip(exp, out, strict=True):
+        if not isinstance(e, torch.Tensor):
+            ok &= e == o
+            continue
+        if e.shape != o.shape or e.dtype != o.dtype:
+            return False, float("inf")
+        if not e.is_floating_point():
+            ok &= bool(torch.equal(e, o))
+            continue
+        scale = e.double().abs().mean().clamp_min(1e-30)
+        err = float(((o.double() - e.double()).abs() / (e.double().abs() + scale)).max()) if e.numel() else 0.0
+        worst = max(worst, err)
+        ok &= err <= TOLERANCE.get(e.dtype, 1e-3) and bool((torch.isfinite(o) == torch.isfinite(e)).all())
+    return ok, worst

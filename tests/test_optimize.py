@@ -1,0 +1,44 @@
+"""forge optimize end to end on the CPU: a real search, store, artifact, dispatch and measurement."""
+
+import json
+
+import torch
+from conftest import EXAMPLES
+
+import forge
+from forge.cli import main
+from forge.model_input import load_file
+from forge.store import Store
+
+
+def test_optimize_writes_report_store_and_a_loadable_artifact(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # runs/ lands here
+    out = tmp_path / "report.json"
+    code = main(["optimize", str(EXAMPLES / "rmsnorm_swiglu.py"), "--budget", "12", "--db", str(tmp_path / "f.db"),
+                 "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert {"run_id", "device", "policy", "eager_ms", "forge_ms", "speedup", "outputs_match", "max_rel_err",
+            "tasks", "cost"} <= report.keys()
+    assert report["outputs_match"] is True and report["eager_ms"] > 0 and report["forge_ms"] > 0
+    assert {"usd", "tokens_in", "tokens_out", "device_seconds", "wall_seconds"} <= report["cost"].keys()
+    by_family = {t["family"]: t for t in report["tasks"]}
+    assert by_family["matmul"]["status"] == "not mine"
+    searched = [t for t in report["tasks"] if t["candidates"]]
+    assert searched and all(t["stop_reason"] for t in report["tasks"])
+    assert sum(t["candidates"] for t in report["tasks"]) <= 12
+
+    store = Store(str(tmp_path / "f.db"))
+    run = store.get_run(report["run_id"])
+    assert run.state == "done" and run.eager_ms == report["eager_ms"]
+    stored = sum(len(store.candidates(t.id)) - 1 for t in store.get_tasks(run.id) if store.candidates(t.id))
+    assert stored == sum(t["candidates"] for t in report["tasks"])  # every evaluated candidate is stored
+
+    loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py")
+    opt = forge.load(tmp_path / report["artifact"], loaded.model, loaded.inputs)
+    x = torch.randn(4, 256, 512)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), loaded.model(x), rtol=1e-4, atol=1e-5)
+    improved = [t["key"] for t in report["tasks"] if t["status"] == "improved"]
+    assert sorted(opt.counters()) == sorted(improved)
+    assert all(c.hits == 1 for c in opt.counters().values())

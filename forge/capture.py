@@ -128,11 +128,12 @@ class Capture:
 
 
 def decomposition_table() -> dict[Any, Any]:
-    """Core-ATen decompositions, minus the ops forge keeps whole (attention, logsumexp)."""
+    """Core-ATen decompositions, minus the ops forge keeps whole (attention, logsumexp, silu)."""
     table = torch.export.default_decompositions()
     aten = torch.ops.aten
     # logsumexp would become two reductions (amax, sum) and so two tasks; softmax is kept whole too.
-    for op in (aten.scaled_dot_product_attention.default, aten.logsumexp.default):
+    # SiLU stays one op too: sigmoid then mul is two passes over memory where eager makes one.
+    for op in (aten.scaled_dot_product_attention.default, aten.logsumexp.default, aten.silu.default):
         table.pop(op, None)
     return table
 

@@ -34,6 +34,8 @@ class OptimizeReport:
     forge_ms: float
     outputs_match: bool
     max_rel_err: float
+    applied: bool  # False: the patched model was not faster (or had no kernel), so forge returns eager
+    patched_ms: float  # the patched model's measured time, applied or not
     tasks: tuple[TaskOutcome, ...]
     artifact: str
     cost: dict[str, float]
@@ -48,7 +50,8 @@ class OptimizeReport:
         return {
             "run_id": self.run_id, "device": self.device, "policy": self.policy, "eager_ms": self.eager_ms,
             "forge_ms": self.forge_ms, "speedup": self.speedup, "outputs_match": self.outputs_match,
-            "max_rel_err": self.max_rel_err, "artifact": self.artifact,
+            "max_rel_err": self.max_rel_err, "applied": self.applied, "patched_ms": self.patched_ms,
+            "artifact": self.artifact,
             "tasks": [{"key": t.key, "family": t.family, "share": t.share, "eager_us": t.eager_us,
                        "best_us": t.best_us, "speedup": t.speedup, "candidates": t.candidates, "status": t.status,
                        "stop_reason": t.stop_reason} for t in self.tasks],
@@ -88,9 +91,17 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str = "recipes", budg
              for x in loaded.inputs]
     with torch.no_grad():
         match, err = compare(loaded.model(*fresh), opt(*fresh))
+    patched_ms = forge_ms
+    applied = bool(kernels) and match and forge_ms < eager_ms
+    if not applied:  # never slower: the model you get is eager, and so is its time
+        forge_ms = eager_ms
+        artifact.save(folder, [], {"run_id": run.id, "model": loaded.name, "device": loaded.device,
+                                   "dtype": loaded.dtype, "note": f"not applied: patched model took "
+                                   f"{patched_ms:.3f} ms against eager {eager_ms:.3f} ms"})
     store.update_run(run.id, state="done", eager_ms=eager_ms, forge_ms=forge_ms)
     cost = store.run_cost(run.id)
-    return OptimizeReport(run.id, loaded.device, pol.name, eager_ms, forge_ms, match, err, tuple(outcomes),
+    return OptimizeReport(run.id, loaded.device, pol.name, eager_ms, forge_ms, match, err, applied, patched_ms,
+                          tuple(outcomes),
                           str(folder), {"usd": cost.usd, "tokens_in": cost.tokens_in, "tokens_out": cost.tokens_out,
                                         "device_seconds": cost.device_seconds,
                                         "wall_seconds": time.monotonic() - start})

@@ -41,7 +41,7 @@ _SPACES: dict[type, dict[str, tuple[Any, ...]]] = {
     pointwise.Knobs: {"chunk": (0, 4096, 65536), "simd": (True, False), "unroll": (1, 4, 16),
                       "fast_math": (False, True)},
     rowreduce.RowKnobs: {"online": (True, False), "welford": (False, True), "simd": (True, False),
-                         "chunk": (0, 1, 8)},
+                         "chunk": (0, 1, 8), "fast_math": (False, True)},
 }
 
 

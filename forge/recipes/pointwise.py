@@ -327,4 +327,5 @@ def emit_cpu(low: Lowered, knobs: Knobs) -> str:
 
 def candidate(low: Lowered, knobs: Knobs) -> Candidate:
     """A cpu Candidate for these knobs (fast math is a compiler flag)."""
-    return Candidate("cpu", emit_cpu(low, knobs), flags=("-ffast-math",) if knobs.fast_math else ())
+    flags = ("-ffast-math", "-fno-finite-math-only") if knobs.fast_math else ()  # where() on inf stays right
+    return Candidate("cpu", emit_cpu(low, knobs), flags=flags)

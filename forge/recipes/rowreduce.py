@@ -32,6 +32,7 @@ class RowKnobs:
     welford: bool = False  # variance by Welford's update (else sum and sum of squares in double)
     simd: bool = True
     chunk: int = 0  # OpenMP schedule chunk over rows (0: even split)
+    fast_math: bool = False  # vector exp/log from libmvec (infinities still honoured)
 
 
 @dataclass(frozen=True)
@@ -216,4 +217,5 @@ def eps_of(spec: TaskSpec) -> float:
 
 def candidate(spec: TaskSpec, low: RowLowered, knobs: RowKnobs) -> Candidate:
     """A cpu Candidate for these knobs."""
-    return Candidate("cpu", emit_cpu(low, knobs, eps_of(spec)))
+    flags = ("-ffast-math", "-fno-finite-math-only") if knobs.fast_math else ()
+    return Candidate("cpu", emit_cpu(low, knobs, eps_of(spec)), flags=flags)

@@ -18,7 +18,16 @@ import torch.fx
 
 from forge.kernel import Candidate, TaskSpec
 from forge.ops import Kind, kind_of, op_name
-from forge.recipes.pointwise import _FLOAT_TYPES, PRELUDE, NotMine, _Emitter, _lit, _shape, trace_task
+from forge.recipes.pointwise import (
+    _FLOAT_TYPES,
+    PRELUDE,
+    NotMine,
+    _Emitter,
+    _lit,
+    _shape,
+    pointers,
+    trace_task,
+)
 
 _REDUCE_OPS = {"mean", "sum", "amax", "amin", "_softmax", "_log_softmax", "logsumexp", "native_layer_norm",
                "native_group_norm", "var"}
@@ -50,6 +59,7 @@ class RowLowered:
     n_in: int
     n_out: int
     guard: str
+    pointers: str
 
 
 def lower(spec: TaskSpec) -> RowLowered:
@@ -92,13 +102,14 @@ def lower(spec: TaskSpec) -> RowLowered:
         else:
             raise NotMine("an output that is neither per element nor per row")
         conv = {torch.bfloat16: f"f2bf({v})"}.get(m.torch_dtype, f"({ctype})({v})")
-        target.append(f"(({ctype}*)out[{j}].data)[{at}] = {conv};")
+        target.append(f"out{j}_p[{at}] = {conv};")
     guard = " || ".join([f"in[{i}].shape[{d}] != {s}" for i, m in enumerate(spec.inputs)
                          for d, s in enumerate(m.shape)] + [f"in[{i}].stride[{d}] != {s}"
                          for i, m in enumerate(spec.inputs) for d, s in enumerate(m.stride)
                          if m.shape[d] > 1]) or "0"
     return RowLowered(name, rows, length, tuple(pro.lines), x_expr, tuple(epi.lines + y_stores),
-                      tuple(per_row.lines + row_stores), name, len(spec.inputs), len(spec.outputs), guard)
+                      tuple(per_row.lines + row_stores), name, len(spec.inputs), len(spec.outputs), guard,
+                      pointers(spec.inputs, spec.outputs))
 
 
 def _row_length(red: torch.fx.Node, name: str, shape: tuple[int, ...]) -> int:
@@ -195,12 +206,13 @@ def emit_cpu(low: RowLowered, knobs: RowKnobs, eps: float) -> str:
     schedule = f"schedule(static, {knobs.chunk})" if knobs.chunk else "schedule(static)"
     y = "\n".join(f"      {line}" for line in low.y_lines)
     rows = "\n".join(f"    {line}" for line in low.row_stores)
-    pass2 = (f"    for (int64_t j = 0; j < {low.length}; ++j) {{\n      const int64_t i = base + j;\n{y}\n    }}\n"
-             if low.y_lines else "")
+    simd2 = "    #pragma omp simd\n" if knobs.simd else ""
+    pass2 = (f"{simd2}    for (int64_t j = 0; j < {low.length}; ++j) {{\n"
+             f"      const int64_t i = base + j;\n{y}\n    }}\n" if low.y_lines else "")
     return (f"{PRELUDE}\n// forge recipe: row reduction ({low.op}), {low.rows} rows of {low.length}, {knobs}\n"
             f"extern \"C\" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {{\n"
             f"  if (n_in != {low.n_in} || n_out != {low.n_out}) return 1;\n"
-            f"  if ({low.guard}) return 2;\n"
+            f"  if ({low.guard}) return 2;\n{low.pointers}"
             f"  #pragma omp parallel for {schedule}\n"
             f"  for (int64_t r = 0; r < {low.rows}; ++r) {{\n"
             f"    const int64_t base = r * {low.length};\n"

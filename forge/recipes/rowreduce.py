@@ -25,6 +25,7 @@ from forge.recipes.pointwise import (
     _Emitter,
     _lit,
     _shape,
+    index_type,
     pointers,
     trace_task,
 )
@@ -163,7 +164,7 @@ def _reduced_value(red: torch.fx.Node, name: str, idx: str, epi: _Emitter, lengt
 def _stats_code(low: RowLowered, knobs: RowKnobs, eps: str) -> str:
     """Pass 1: the row statistics the op needs."""
     pro = "\n".join(f"      {line}" for line in low.x_lines)
-    loop = f"    for (int64_t j = 0; j < {low.length}; ++j) {{\n      const int64_t i = base + j;\n{pro}\n"
+    loop = f"    for (idx_t j = 0; j < {low.length}; ++j) {{\n      const idx_t i = base + j;\n{pro}\n"
     x = low.x_expr
     simd = "    #pragma omp simd reduction(+:sm)\n" if knobs.simd else ""
     if low.op in ("_softmax", "_log_softmax", "logsumexp"):
@@ -207,15 +208,15 @@ def emit_cpu(low: RowLowered, knobs: RowKnobs, eps: float) -> str:
     y = "\n".join(f"      {line}" for line in low.y_lines)
     rows = "\n".join(f"    {line}" for line in low.row_stores)
     simd2 = "    #pragma omp simd\n" if knobs.simd else ""
-    pass2 = (f"{simd2}    for (int64_t j = 0; j < {low.length}; ++j) {{\n"
-             f"      const int64_t i = base + j;\n{y}\n    }}\n" if low.y_lines else "")
+    pass2 = (f"{simd2}    for (idx_t j = 0; j < {low.length}; ++j) {{\n"
+             f"      const idx_t i = base + j;\n{y}\n    }}\n" if low.y_lines else "")
     return (f"{PRELUDE}\n// forge recipe: row reduction ({low.op}), {low.rows} rows of {low.length}, {knobs}\n"
             f"extern \"C\" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {{\n"
             f"  if (n_in != {low.n_in} || n_out != {low.n_out}) return 1;\n"
-            f"  if ({low.guard}) return 2;\n{low.pointers}"
+            f"  if ({low.guard}) return 2;\n{low.pointers}{index_type(low.rows * low.length)}"
             f"  #pragma omp parallel for {schedule}\n"
-            f"  for (int64_t r = 0; r < {low.rows}; ++r) {{\n"
-            f"    const int64_t base = r * {low.length};\n"
+            f"  for (idx_t r = 0; r < {low.rows}; ++r) {{\n"
+            f"    const idx_t base = r * {low.length};\n"
             f"{_stats_code(low, knobs, _lit(eps))}{pass2}{rows}\n  }}\n  return 0;\n}}\n")
 
 
@@ -229,5 +230,5 @@ def eps_of(spec: TaskSpec) -> float:
 
 def candidate(spec: TaskSpec, low: RowLowered, knobs: RowKnobs) -> Candidate:
     """A cpu Candidate for these knobs."""
-    flags = ("-ffast-math", "-fno-finite-math-only") if knobs.fast_math else ()
+    flags = ("-ffast-math",) if knobs.fast_math else ()
     return Candidate("cpu", emit_cpu(low, knobs, eps_of(spec)), flags=flags)

@@ -44,10 +44,10 @@ _FLOAT_TYPES = {torch.float32: "float", torch.float16: "_Float16", torch.bfloat1
                 torch.float64: "double", torch.bool: "uint8_t", torch.uint8: "uint8_t"}
 
 _UNARY = {
-    "exp": "expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "(1.0f / sqrtf({a}))",
-    "sigmoid": "(1.0f / (1.0f + expf(-{a})))", "tanh": "tanhf({a})", "neg": "(-{a})", "abs": "fabsf({a})",
+    "exp": "forge_expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "(1.0f / sqrtf({a}))",
+    "sigmoid": "(1.0f / (1.0f + forge_expf(-{a})))", "tanh": "forge_tanhf({a})", "neg": "(-{a})", "abs": "fabsf({a})",
     "relu": "({a} > 0.0f ? {a} : 0.0f)", "erf": "erff({a})", "log1p": "log1pf({a})", "expm1": "expm1f({a})",
-    "reciprocal": "(1.0f / {a})", "sin": "sinf({a})", "cos": "cosf({a})", "silu": "({a} / (1.0f + expf(-{a})))",
+    "reciprocal": "(1.0f / {a})", "sin": "sinf({a})", "cos": "cosf({a})", "silu": "({a} / (1.0f + forge_expf(-{a})))",
     "logical_not": "({a} == 0.0f ? 1.0f : 0.0f)", "bitwise_not": "({a} == 0.0f ? 1.0f : 0.0f)",
     "floor": "floorf({a})", "ceil": "ceilf({a})", "sign": "(({a} > 0.0f) - ({a} < 0.0f))",
     "exp2": "exp2f({a})", "log2": "log2f({a})", "isnan": "({a} != {a} ? 1.0f : 0.0f)",
@@ -72,6 +72,26 @@ static inline uint16_t f2bf(float f) {
   u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16);
 }
 static inline float round_bf16(float f) { return bf2f(f2bf(f)); }
+// exp in plain arithmetic, so loops that use it vectorise (libm's expf does not: errno, no vector
+// variant). Cephes' range reduction and polynomial, about 2 ulp; inputs clamped to the float range.
+static inline float forge_expf(float x) {
+  x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+#ifdef __FAST_MATH__  // reassociation would cancel the magic-number rounding below
+  const float y = x * 1.44269504088896341f;
+  const float n = (float)(int32_t)(y + (y >= 0.0f ? 0.5f : -0.5f));
+#else  // round to nearest by adding and subtracting 1.5 * 2^23 (vectorises without fast math)
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+#endif
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * __builtin_bit_cast(float, ((int32_t)n + 127) << 23);
+}
+static inline float forge_tanhf(float x) { return 1.0f - 2.0f / (forge_expf(2.0f * x) + 1.0f); }
+static inline float forge_max(float a, float b) { return a > b ? a : b; }
+static inline float forge_min(float a, float b) { return a < b ? a : b; }
 """
 
 
@@ -222,7 +242,8 @@ class _Emitter:
         if name == "gelu":
             a = self.value(args[0], idx)
             if kw.get("approximate", "none") == "tanh":
-                return f"(0.5f * {a} * (1.0f + tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * {a}))))"
+                return (f"(0.5f * {a} * (1.0f + forge_tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * "
+                        f"{a}))))")
             return f"(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))"
         if name in ("clamp", "hardtanh", "clamp_min", "clamp_max"):
             a = self.value(args[0], idx)
@@ -233,8 +254,8 @@ class _Emitter:
                 lo, hi = (args[1] if len(args) > 1 else -1.0), (args[2] if len(args) > 2 else 1.0)
             if isinstance(lo, torch.fx.Node) or isinstance(hi, torch.fx.Node):
                 raise NotMine("tensor clamp bounds")
-            expr = a if lo is None else f"fmaxf({a}, {_lit(lo)})"
-            return expr if hi is None else f"fminf({expr}, {_lit(hi)})"
+            expr = a if lo is None else f"forge_max({a}, {_lit(lo)})"
+            return expr if hi is None else f"forge_min({expr}, {_lit(hi)})"
         if name == "leaky_relu":
             a = self.value(args[0], idx)
             return f"({a} > 0.0f ? {a} : {_lit(args[1] if len(args) > 1 else 0.01)} * {a})"
@@ -341,5 +362,5 @@ def emit_cpu(low: Lowered, knobs: Knobs) -> str:
 
 def candidate(low: Lowered, knobs: Knobs) -> Candidate:
     """A cpu Candidate for these knobs (fast math is a compiler flag)."""
-    flags = ("-ffast-math",) if knobs.fast_math else ()  # vector exp/log from libmvec; verification judges
+    flags = ("-ffast-math",) if knobs.fast_math else ("-fno-math-errno",)  # errno blocks vector sqrt/log
     return Candidate("cpu", emit_cpu(low, knobs), flags=flags)

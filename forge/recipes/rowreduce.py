@@ -143,7 +143,7 @@ def _reduced_value(red: torch.fx.Node, name: str, idx: str, epi: _Emitter, lengt
                 "var": "var_"}[name]
     xv = epi.value(red.args[0], idx)
     if name == "_softmax":
-        return f"(expf({xv} - mx) * inv_sm)"
+        return f"(forge_expf({xv} - mx) * inv_sm)"
     if name == "_log_softmax":
         return f"({xv} - mx - logf(sm))"
     if name == "native_layer_norm":
@@ -171,15 +171,15 @@ def _stats_code(low: RowLowered, knobs: RowKnobs, eps: str) -> str:
         if knobs.online:
             return (f"    float mx = -INFINITY, sm = 0.0f;\n{loop}"
                     f"      const float v = {x};\n"
-                    f"      if (v > mx) {{ sm = sm * expf(mx - v) + 1.0f; mx = v; }}\n"
-                    f"      else if (v != -INFINITY) sm += expf(v - mx);  // -inf - -inf would be NaN\n"
+                    f"      if (v > mx) {{ sm = sm * forge_expf(mx - v) + 1.0f; mx = v; }}\n"
+                    f"      else if (v != -INFINITY) sm += forge_expf(v - mx);  // -inf - -inf would be NaN\n"
                     f"    }}\n    const float inv_sm = 1.0f / sm; (void)inv_sm;\n")
         simd_max = "    #pragma omp simd reduction(max:mx)\n" if knobs.simd else ""
-        return (f"    float mx = -INFINITY, sm = 0.0f;\n{simd_max}{loop}      mx = fmaxf(mx, {x});\n    }}\n"
-                f"{simd}{loop}      sm += expf({x} - mx);\n    }}\n"
+        return (f"    float mx = -INFINITY, sm = 0.0f;\n{simd_max}{loop}      mx = forge_max(mx, {x});\n    }}\n"
+                f"{simd}{loop}      sm += forge_expf({x} - mx);\n    }}\n"
                 f"    const float inv_sm = 1.0f / sm; (void)inv_sm;\n")
     if low.op in ("amax", "amin"):
-        op, init, var = ("fmaxf", "-INFINITY", "mx") if low.op == "amax" else ("fminf", "INFINITY", "mn")
+        op, init, var = ("forge_max", "-INFINITY", "mx") if low.op == "amax" else ("forge_min", "INFINITY", "mn")
         red = "max" if low.op == "amax" else "min"
         pragma = f"    #pragma omp simd reduction({red}:{var})\n" if knobs.simd else ""
         return f"    float {var} = {init};\n{pragma}{loop}      {var} = {op}({var}, {x});\n    }}\n"
@@ -230,5 +230,5 @@ def eps_of(spec: TaskSpec) -> float:
 
 def candidate(spec: TaskSpec, low: RowLowered, knobs: RowKnobs) -> Candidate:
     """A cpu Candidate for these knobs."""
-    flags = ("-ffast-math",) if knobs.fast_math else ()
+    flags = ("-ffast-math",) if knobs.fast_math else ("-fno-math-errno",)
     return Candidate("cpu", emit_cpu(low, knobs, eps_of(spec)), flags=flags)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from forge.bench import DEFAULT_BENCH, BenchConfig
@@ -93,8 +94,6 @@ def _first_error(log_text: str) -> str:
 
 
 def _with_build(res: EvalResult, built: BuildResult) -> EvalResult:
-    from dataclasses import replace
-
     return replace(res, build_log=built.log, build_s=built.seconds)
 
 

@@ -27,6 +27,10 @@ class Policy(Protocol):
 
     name: str
 
+    def mine(self, spec: TaskSpec) -> str | None:
+        """None if the policy can write kernels for the task, else why not."""
+        ...
+
     def propose(self, spec: TaskSpec, parent: Any, feedback: str) -> list[Any]:
         """New candidate payloads below `parent` (None: the baseline)."""
         ...
@@ -112,4 +116,4 @@ class RecipePolicy:
         low = self.lowered(spec)
         if low.kind == "pointwise":
             return pointwise.candidate(low.low, payload)
-        return rowreduce.candidate(spec, low.low, payload)
+        return rowreduce.candidate(low.low, payload)

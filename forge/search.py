@@ -69,7 +69,7 @@ def search_task(task: Task, policy: Policy, ev: Evaluator, store: Store, run_id:
     share = task.share or 0.0
     rec = store.add_task(run_id, task.key, family=task.family, count=task.count, ms=task.ms, share=task.share,
                          source=task.source, meta={"ops": list(task.ops)}, state="running")
-    why_not = getattr(policy, "mine", lambda s: None)(spec)
+    why_not = policy.mine(spec)
     if why_not is not None:
         store.update_task(rec.id, state="done", stop_reason=f"not mine: {why_not}")
         return TaskOutcome(task.key, task.family, share, None, None, 0, "not mine", f"not mine: {why_not}")

@@ -17,3 +17,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def lowerable(tasks, lower):
+    """(task, lowered) for each task a recipe's `lower` takes; the others are skipped."""
+    from forge.kernel import TaskSpec
+    from forge.recipes.pointwise import NotMine
+
+    out = []
+    for t in tasks:
+        try:
+            out.append((t, lower(TaskSpec.of(t))))
+        except NotMine:
+            pass
+    return out

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import EXAMPLES
+from conftest import EXAMPLES, lowerable
 
 from forge.capture import capture
 from forge.evaluate import Evaluator
@@ -37,13 +37,7 @@ def specs():
     tasks = build_tasks(capture(model, inputs).graph_module.graph)
     loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py", "cpu", "bf16")
     tasks += build_tasks(capture(loaded.model, loaded.inputs).graph_module.graph)
-    out = []
-    for t in tasks:
-        try:
-            out.append((t, lower(TaskSpec.of(t))))
-        except NotMine:
-            pass
-    return out
+    return lowerable(tasks, lower)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import EXAMPLES, MODELS
+from conftest import EXAMPLES, MODELS, lowerable
 
 from forge.capture import capture
 from forge.evaluate import Evaluator
@@ -30,13 +30,7 @@ def row_tasks():
     loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py", "cpu", "bf16")
     tasks += build_tasks(capture(loaded.model, loaded.inputs).graph_module.graph)
     tasks += build_tasks(capture(Reductions(), [torch.randn(37, 1001)]).graph_module.graph)
-    out = []
-    for t in tasks:
-        try:
-            out.append((t, rowreduce.lower(TaskSpec.of(t))))
-        except NotMine:
-            pass
-    return out
+    return lowerable(tasks, rowreduce.lower)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +47,7 @@ def test_norms_and_softmaxes_verify_with_every_schedule(evaluator):
     for task, low in found:
         spec = TaskSpec.of(task)
         for knobs in (rowreduce.RowKnobs(), rowreduce.RowKnobs(online=False, welford=True, simd=False, chunk=2)):
-            res = evaluator.evaluate(spec, rowreduce.candidate(spec, low, knobs))
+            res = evaluator.evaluate(spec, rowreduce.candidate(low, knobs))
             assert res.status.value == "ok", (task.key, knobs, res.message, res.build_log[-400:])
 
 

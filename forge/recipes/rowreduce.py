@@ -61,6 +61,7 @@ class RowLowered:
     n_out: int
     guard: str
     pointers: str
+    eps: float  # of a layer or group norm (0 otherwise)
 
 
 def lower(spec: TaskSpec) -> RowLowered:
@@ -110,7 +111,8 @@ def lower(spec: TaskSpec) -> RowLowered:
                          if m.shape[d] > 1]) or "0"
     return RowLowered(name, rows, length, tuple(pro.lines), x_expr, tuple(epi.lines + y_stores),
                       tuple(per_row.lines + row_stores), name, len(spec.inputs), len(spec.outputs), guard,
-                      pointers(spec.inputs, spec.outputs))
+                      pointers(spec.inputs, spec.outputs),
+                      float(red.args[-1]) if name in ("native_layer_norm", "native_group_norm") else 0.0)
 
 
 def _row_length(red: torch.fx.Node, name: str, shape: tuple[int, ...]) -> int:
@@ -202,7 +204,7 @@ def _stats_code(low: RowLowered, knobs: RowKnobs, eps: str) -> str:
             f" const float var_ = (float)var_d; (void)rstd; (void)var_;\n")
 
 
-def emit_cpu(low: RowLowered, knobs: RowKnobs, eps: float) -> str:
+def emit_cpu(low: RowLowered, knobs: RowKnobs) -> str:
     """The C++ source of the row kernel with these knobs."""
     schedule = f"schedule(static, {knobs.chunk})" if knobs.chunk else "schedule(static)"
     y = "\n".join(f"      {line}" for line in low.y_lines)
@@ -217,18 +219,10 @@ def emit_cpu(low: RowLowered, knobs: RowKnobs, eps: float) -> str:
             f"  #pragma omp parallel for {schedule}\n"
             f"  for (idx_t r = 0; r < {low.rows}; ++r) {{\n"
             f"    const idx_t base = r * {low.length};\n"
-            f"{_stats_code(low, knobs, _lit(eps))}{pass2}{rows}\n  }}\n  return 0;\n}}\n")
+            f"{_stats_code(low, knobs, _lit(low.eps))}{pass2}{rows}\n  }}\n  return 0;\n}}\n")
 
 
-def eps_of(spec: TaskSpec) -> float:
-    """The epsilon of a layer or group norm in the task (0 when there is none)."""
-    for n in trace_task(spec).graph.nodes:
-        if n.op == "call_function" and op_name(n.target) in ("native_layer_norm", "native_group_norm"):
-            return float(n.args[-1])
-    return 0.0
-
-
-def candidate(spec: TaskSpec, low: RowLowered, knobs: RowKnobs) -> Candidate:
+def candidate(low: RowLowered, knobs: RowKnobs) -> Candidate:
     """A cpu Candidate for these knobs."""
     flags = ("-ffast-math",) if knobs.fast_math else ("-fno-math-errno",)
-    return Candidate("cpu", emit_cpu(low, knobs, eps_of(spec)), flags=flags)
+    return Candidate("cpu", emit_cpu(low, knobs), flags=flags)

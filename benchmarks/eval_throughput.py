@@ -109,9 +109,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--n", type=int, default=64)
+    p.add_argument("--build-workers", type=int, default=None, help="parallel builds (default: the Evaluator's)")
     args = p.parse_args()
     spec, cands = gelu_task(args.device), candidates(args.device, args.n)
-    with tempfile.TemporaryDirectory() as cache, Evaluator(args.device, cache_dir=Path(cache)) as ev:
+    with tempfile.TemporaryDirectory() as cache, \
+            Evaluator(args.device, cache_dir=Path(cache), build_workers=args.build_workers) as ev:
         start = time.perf_counter()
         results = list(ev.evaluate_many(spec, cands))
         wall = time.perf_counter() - start
@@ -121,8 +123,9 @@ def main() -> int:
     statuses: dict[str, int] = {}
     for r in results:
         statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
-    print(f"task {spec.key} on {args.device} ({torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}), "
-          f"{len(cands)} generated candidates")
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    print(f"task {spec.key} on {args.device} ({name}), "
+          f"{len(cands)} generated candidates, {ev.builds.workers} parallel builds")
     print("| candidates | median build s | p90 build s | passed | wall s | candidates/min | best speedup | best us |")
     print("|---|---|---|---|---|---|---|---|")
     p90 = sorted(builds)[int(0.9 * (len(builds) - 1))]

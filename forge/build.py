@@ -74,7 +74,7 @@ def command(candidate: Candidate, src: Path, out: Path, arch: str | None) -> lis
     if candidate.backend == "cpu":
         return [path, "-x", "c++", "-std=c++17", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
                 f"-I{ABI_DIR}", *candidate.flags, "-o", str(out), str(src)]
-    return [path, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
+    return [path, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
             *arch_flags(arch or "sm_90"), f"-I{ABI_DIR}", *candidate.flags, "-o", str(out), str(src)]
 
 
@@ -145,7 +145,8 @@ class BuildPool:
                  cache_dir: Path | None = None) -> None:
         self.arch = arch
         self.cache_dir = cache_dir
-        self.pool = cf.ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1,
+        self.workers = workers or os.cpu_count() or 1
+        self.pool = cf.ThreadPoolExecutor(max_workers=self.workers,
                                           thread_name_prefix="forge-build")
 
     def submit(self, candidate: Candidate) -> cf.Future[BuildResult]:

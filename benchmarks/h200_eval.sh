@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Issue 3 on the device: the CUDA cheat corpus and the CUDA/Triton tests, then the evaluation throughput
+# benchmark. Run from the repository root on the GPU machine; writes logs under $OUT (or ./out).
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export FORGE_CACHE=$(mktemp -d)
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 -c \
+  'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)'; } \
+  2>&1 | tee "$OUT/env.txt"
+python3 -m pytest -q -p no:cacheprovider -m cuda -o addopts="" tests/test_corpus.py tests/test_launch.py \
+  tests/test_build.py tests/test_dispatch.py "$@" 2>&1 | tail -40 | tee "$OUT/pytest_cuda.txt"
+python3 benchmarks/eval_throughput.py --device cuda --n 64 2>&1 | tee "$OUT/eval_throughput.txt"

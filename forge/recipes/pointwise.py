@@ -14,6 +14,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -21,6 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from forge.capture import TensorMeta, contiguous_stride
 from forge.kernel import Candidate, TaskSpec
 from forge.ops import Kind, kind_of, op_name
+from forge.recipes.index import Expr, IndexError_, Simplifier, cexpr, flatten, unflatten, unit_stride_in, var
 from forge.tasks import compile_source
 
 
@@ -45,9 +47,9 @@ _FLOAT_TYPES = {torch.float32: "float", torch.float16: "_Float16", torch.bfloat1
 
 _UNARY = {
     "exp": "forge_expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "(1.0f / sqrtf({a}))",
-    "sigmoid": "(1.0f / (1.0f + forge_expf(-{a})))", "tanh": "forge_tanhf({a})", "neg": "(-{a})", "abs": "fabsf({a})",
+    "sigmoid": "forge_sigmoidf({a})", "tanh": "forge_tanhf({a})", "neg": "(-{a})", "abs": "fabsf({a})",
     "relu": "({a} > 0.0f ? {a} : 0.0f)", "erf": "erff({a})", "log1p": "log1pf({a})", "expm1": "expm1f({a})",
-    "reciprocal": "(1.0f / {a})", "sin": "sinf({a})", "cos": "cosf({a})", "silu": "({a} / (1.0f + forge_expf(-{a})))",
+    "reciprocal": "(1.0f / {a})", "sin": "sinf({a})", "cos": "cosf({a})", "silu": "({a} * forge_sigmoidf({a}))",
     "logical_not": "({a} == 0.0f ? 1.0f : 0.0f)", "bitwise_not": "({a} == 0.0f ? 1.0f : 0.0f)",
     "floor": "floorf({a})", "ceil": "ceilf({a})", "sign": "(({a} > 0.0f) - ({a} < 0.0f))",
     "exp2": "exp2f({a})", "log2": "log2f({a})", "isnan": "({a} != {a} ? 1.0f : 0.0f)",
@@ -75,7 +77,7 @@ static inline float round_bf16(float f) { return bf2f(f2bf(f)); }
 // exp in plain arithmetic, so loops that use it vectorise (libm's expf does not: errno, no vector
 // variant). Cephes' range reduction and polynomial, about 2 ulp; inputs clamped to the float range.
 static inline float forge_expf(float x) {
-  x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+  x = x < -87.3f ? -87.3f : (x > 88.72f ? 88.72f : x);
 #ifdef __FAST_MATH__  // reassociation would cancel the magic-number rounding below
   const float y = x * 1.44269504088896341f;
   const float n = (float)(int32_t)(y + (y >= 0.0f ? 0.5f : -0.5f));
@@ -87,9 +89,15 @@ static inline float forge_expf(float x) {
   p = p * r + 1.3981999507e-3f; p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return p * __builtin_bit_cast(float, ((int32_t)n + 127) << 23);
+  return 2.0f * p * __builtin_bit_cast(float, ((int32_t)n + 126) << 23);  // n = 128 stays finite
 }
-static inline float forge_tanhf(float x) { return 1.0f - 2.0f / (forge_expf(2.0f * x) + 1.0f); }
+// Saturating forms: arguments kept where exp stays finite, since fast math's reciprocal (with a Newton
+// step) turns 1/inf into NaN.
+static inline float forge_tanhf(float x) {
+  x = x < -9.0f ? -9.0f : (x > 9.0f ? 9.0f : x);  // tanh is +-1 in float beyond
+  return 1.0f - 2.0f / (forge_expf(2.0f * x) + 1.0f);
+}
+static inline float forge_sigmoidf(float x) { return 1.0f / (1.0f + forge_expf(x < -88.0f ? 88.0f : -x)); }
 static inline float forge_max(float a, float b) { return a > b ? a : b; }
 static inline float forge_min(float a, float b) { return a < b ? a : b; }
 """
@@ -111,28 +119,28 @@ def _shape(n: torch.fx.Node) -> tuple[int, ...]:
     return tuple(int(s) for s in n.meta["val"].shape)
 
 
-def _unflatten(idx: str, shape: tuple[int, ...]) -> list[str]:
-    """C expressions of each dimension's index for a flat row-major index into `shape`."""
-    stride = contiguous_stride(shape)
-    return [f"(({idx}) / {st} % {s})" if s > 1 else "0" for s, st in zip(shape, stride, strict=True)]
-
-
 class _Emitter:
-    """Turns the traced graph into statements of one loop body, memoised per (node, index)."""
+    """Turns the traced graph into statements of one loop body, memoised per (node, index).
 
-    def __init__(self, inputs: dict[torch.fx.Node, int], metas: tuple[TensorMeta, ...], prefix: str = "t",
-                 special: dict[torch.fx.Node, Any] | None = None) -> None:
-        self.inputs, self.metas, self.prefix = inputs, metas, prefix
+    Indices are sympy expressions in the loop variables (forge.recipes.index); input loads are
+    simplified with the loop ranges and recorded in `loads`.
+    """
+
+    def __init__(self, inputs: dict[torch.fx.Node, int], metas: tuple[TensorMeta, ...], simplify: Simplifier,
+                 prefix: str = "t", special: dict[torch.fx.Node, Any] | None = None) -> None:
+        self.inputs, self.metas, self.prefix, self.simplify = inputs, metas, prefix, simplify
         self.special = special or {}  # node -> function(idx) giving its expression (a reduction's result)
         self.lines: list[str] = []
-        self.memo: dict[tuple[torch.fx.Node, str], str] = {}
+        self.memo: dict[tuple[torch.fx.Node, Expr], str] = {}
+        self.loads: list[Expr] = []
 
-    def value(self, node: Any, idx: str) -> str:
+    def value(self, node: Any, idx: Expr) -> str:
         """A C expression for `node` at flat index `idx` of the node's own shape."""
         if not isinstance(node, torch.fx.Node):
             return _lit(node)
         if node in self.special:
             return self.special[node](idx)
+        idx = self.simplify(idx)
         key = (node, idx)
         if key not in self.memo:
             expr = self._compute(node, idx)
@@ -141,7 +149,7 @@ class _Emitter:
             self.memo[key] = name
         return self.memo[key]
 
-    def _operand(self, node: Any, idx: str, out_shape: tuple[int, ...]) -> str:
+    def _operand(self, node: Any, idx: Expr, out_shape: tuple[int, ...]) -> str:
         """`node` broadcast (right-aligned) to `out_shape`, at flat index `idx` of that shape."""
         if not isinstance(node, torch.fx.Node):
             return _lit(node)
@@ -149,22 +157,22 @@ class _Emitter:
         if shape == out_shape:
             return self.value(node, idx)
         if math.prod(shape) == 1:
-            return self.value(node, "0")
-        dims = _unflatten(idx, out_shape)[len(out_shape) - len(shape):]
-        stride = contiguous_stride(shape)
-        parts = [f"{d} * {st}" for d, s, st in zip(dims, shape, stride, strict=True) if s > 1]
-        return self.value(node, " + ".join(parts) or "0")
+            return self.value(node, sympy.Integer(0))
+        dims = unflatten(idx, out_shape)[len(out_shape) - len(shape):]
+        return self.value(node, flatten(dims, shape))
 
-    def _compute(self, n: torch.fx.Node, idx: str) -> str:
+    def _compute(self, n: torch.fx.Node, idx: Expr) -> str:
         if n.op == "placeholder":
             i = self.inputs[n]
             m = self.metas[i]
-            if m.stride == contiguous_stride(m.shape):
-                off = idx
-            else:
-                dims = _unflatten(idx, m.shape)
-                off = " + ".join(f"{d} * {st}" for d, st in zip(dims, m.stride, strict=True) if st) or "0"
-            raw = f"in{i}_p[{off}]"  # restrict pointers declared once per kernel (see pointers())
+            off = idx if m.stride == contiguous_stride(m.shape) else flatten(unflatten(idx, m.shape), m.shape,
+                                                                               m.stride)
+            off = self.simplify(off)
+            self.loads.append(off)
+            try:
+                raw = f"in{i}_p[{cexpr(off)}]"  # restrict pointers declared once per kernel (see pointers())
+            except IndexError_ as e:
+                raise NotMine(str(e)) from e
             return f"bf2f({raw})" if m.torch_dtype == torch.bfloat16 else f"(float){raw}"
         name = n.target.overloadpacket.__name__ if isinstance(n.target, torch._ops.OpOverload) else ""
         args, kw = n.args, n.kwargs
@@ -179,27 +187,23 @@ class _Emitter:
             return self._operand(args[0], idx, out)
         if name == "permute":
             src = _shape(args[0])
-            dims = _unflatten(idx, out)
+            dims = unflatten(idx, out)
             pos = [0] * len(src)
             for o, p in enumerate(args[1]):
                 pos[p % len(src)] = o
-            stride = contiguous_stride(src)
-            parts = [f"{dims[pos[d]]} * {stride[d]}" for d in range(len(src)) if src[d] > 1]
-            return self.value(args[0], " + ".join(parts) or "0")
+            return self.value(args[0], flatten([dims[pos[d]] for d in range(len(src))], src))
         if name in ("slice", "select"):
             src = _shape(args[0])
             dim = args[1] % len(src)
-            dims = _unflatten(idx, out)
+            dims = unflatten(idx, out)
             if name == "select":
-                dims.insert(dim, str(args[2] % src[dim]))
+                dims.insert(dim, sympy.Integer(args[2] % src[dim]))
             else:
                 start = 0 if len(args) < 3 or args[2] is None else args[2]
                 start = start + src[dim] if start < 0 else min(start, src[dim])
                 step = args[4] if len(args) > 4 else 1
-                dims[dim] = f"({start} + {dims[dim]} * {step})"
-            stride = contiguous_stride(src)
-            parts = [f"{d} * {st}" for d, s_, st in zip(dims, src, stride, strict=True) if s_ > 1]
-            return self.value(args[0], " + ".join(parts) or "0")
+                dims[dim] = start + dims[dim] * step
+            return self.value(args[0], flatten(dims, src))
         if name in ("scalar_tensor", "full"):
             return _lit(args[0] if name == "scalar_tensor" else args[1])
         if name == "_to_copy":
@@ -237,7 +241,7 @@ class _Emitter:
         return {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 1.0: a, 0.5: f"sqrtf({a})",
                 -0.5: f"(1.0f / sqrtf({a}))", -1.0: f"(1.0f / {a})"}.get(e, f"powf({a}, {_lit(e)})")
 
-    def _special(self, n: torch.fx.Node, name: str, idx: str, out: tuple[int, ...]) -> str:
+    def _special(self, n: torch.fx.Node, name: str, idx: Expr, out: tuple[int, ...]) -> str:
         args, kw = n.args, n.kwargs
         if name == "gelu":
             a = self.value(args[0], idx)
@@ -262,7 +266,7 @@ class _Emitter:
         if name == "_native_batch_norm_legit_no_training":
             x, w, b, mean, var = args[:5]
             eps = args[6]
-            c = _unflatten(idx, out)[1] if len(out) > 1 else "0"
+            c = unflatten(idx, out)[1] if len(out) > 1 else sympy.Integer(0)
             xv = self.value(x, idx)
             mv, vv = self.value(mean, c), self.value(var, c)
             wv = self.value(w, c) if w is not None else "1.0f"
@@ -283,16 +287,23 @@ def trace_task(spec: TaskSpec) -> torch.fx.GraphModule:
 
 @dataclass(frozen=True)
 class Lowered:
-    """A task the pointwise recipe can express: its C loop body and output stores."""
+    """A task the pointwise recipe can express: its C loop body and output stores.
+
+    The loop is split in two: `outer` iterations (variable `o`, parallel) of `inner` elements (variable
+    `k`, the vector loop), flat index `o * inner + k`; `inner` is the longest trailing block in which every
+    input is read at unit stride or not at all (all of it, `outer` == 1, when no such block exists).
+    """
 
     body: tuple[str, ...]
     numel: int
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta, ...]
+    outer: int = 1
+    inner: int = 0
 
 
 def lower(spec: TaskSpec) -> Lowered:
-    """Trace the task and express it as one loop; raises NotMine when it cannot."""
+    """Trace the task and express it as one loop nest; raises NotMine when it cannot."""
     for m in spec.inputs + spec.outputs:
         if m.torch_dtype not in _FLOAT_TYPES:
             raise NotMine(f"integer tensors ({m.dtype})")
@@ -303,21 +314,40 @@ def lower(spec: TaskSpec) -> Lowered:
         if m.numel != numel:
             raise NotMine("outputs of different sizes")
     gm = trace_task(spec)
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    em = _Emitter({p: i for i, p in enumerate(placeholders)}, spec.inputs)
     for n in gm.graph.nodes:
         if n.op == "call_function" and kind_of(n.target) in (Kind.REDUCE, Kind.HEAVY, Kind.SINGLE):
             what = "a reduction or normalization" if kind_of(n.target) is Kind.REDUCE else f"aten.{op_name(n.target)}"
             raise NotMine(f"has {what}: not a pointwise region")
+    shape = spec.outputs[0].shape
+    suffixes = sorted({math.prod(shape[d:]) for d in range(len(shape))} - {numel, 1}, reverse=True)
+    flat = None
+    for inner in [numel, *[s for s in suffixes if s >= 16]]:
+        low = _lower_split(gm, spec, numel, inner)
+        o, k = var("o"), var("k")
+        if inner == numel and all(unit_stride_in(e.subs(o, 0), k) for e in low[1]):
+            return low[0]
+        if inner < numel and all(unit_stride_in(e, k) for e in low[1]):
+            return low[0]
+        flat = flat or low[0]
+    assert flat is not None
+    return flat
+
+
+def _lower_split(gm: torch.fx.GraphModule, spec: TaskSpec, numel: int, inner: int) -> tuple[Lowered, list[Expr]]:
+    o, k = var("o"), var("k")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    em = _Emitter({p: i for i, p in enumerate(placeholders)}, spec.inputs,
+                  Simplifier({o: max(numel // inner, 1), k: inner}))
+    i = o * inner + k
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
     stores = []
-    for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
-        v = em.value(o, "i")
+    for j, (node, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
+        v = em.value(node, i)
         ctype = _FLOAT_TYPES[m.torch_dtype]
         conv = {torch.bfloat16: f"f2bf({v})", torch.bool: f"(uint8_t)({v} != 0.0f)"}.get(m.torch_dtype,
                                                                                       f"({ctype})({v})")
         stores.append(f"out{j}_p[i] = {conv};")
-    return Lowered(tuple(em.lines + stores), numel, spec.inputs, spec.outputs)
+    return Lowered(tuple(em.lines + stores), numel, spec.inputs, spec.outputs, numel // inner, inner), em.loads
 
 
 def index_type(numel: int) -> str:
@@ -335,29 +365,36 @@ def pointers(inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) ->
 
 
 def emit_cpu(low: Lowered, knobs: Knobs) -> str:
-    """The C++ source of the loop with these knobs."""
+    """The C++ source of the loop nest with these knobs."""
     checks = [f"in[{i}].ndim != {len(m.shape)}" for i, m in enumerate(low.inputs)]
     checks += [f"in[{i}].shape[{d}] != {s}" for i, m in enumerate(low.inputs) for d, s in enumerate(m.shape)]
     checks += [f"in[{i}].stride[{d}] != {s}" for i, m in enumerate(low.inputs) for d, s in enumerate(m.stride)
                if m.shape[d] > 1]
     schedule = f" schedule(static, {knobs.chunk})" if knobs.chunk else " schedule(static)"
     guard = " || ".join(checks) or "0"
-    if knobs.unroll > 1:  # blocks of `unroll` elements per iteration of the parallel loop, the tail cut short
+    simd = "#pragma omp simd" if knobs.simd else f"#pragma GCC unroll {max(knobs.unroll, 1)}"
+    if low.outer > 1:  # rows of unit-stride elements: parallel over rows, vector loop inside
         body = "\n".join(f"      {line}" for line in low.body)
-        inner = "#pragma omp simd" if knobs.simd else f"#pragma GCC unroll {knobs.unroll}"
+        loop = (f"  #pragma omp parallel for{schedule}\n  for (idx_t o = 0; o < {low.outer}; ++o) {{\n"
+                f"    {simd}\n    for (idx_t k = 0; k < {low.inner}; ++k) {{\n"
+                f"      const idx_t i = o * {low.inner} + k;\n"
+                f"{body}\n    }}\n  }}\n")
+    elif knobs.unroll > 1:  # blocks of `unroll` elements per iteration of the parallel loop, the tail cut short
+        body = "\n".join(f"      {line}" for line in low.body)
         loop = (f"  #pragma omp parallel for{schedule}\n"
                 f"  for (idx_t i0 = 0; i0 < n; i0 += {knobs.unroll}) {{\n"
                 f"    const idx_t end = i0 + {knobs.unroll} < n ? i0 + {knobs.unroll} : n;\n"
-                f"    {inner}\n    for (idx_t i = i0; i < end; ++i) {{\n{body}\n    }}\n  }}\n")
+                f"    {simd}\n    for (idx_t k = i0; k < end; ++k) {{\n      const idx_t o = 0, i = k; (void)o;\n"
+                f"{body}\n    }}\n  }}\n")
     else:
         body = "\n".join(f"    {line}" for line in low.body)
         loop = (f"  #pragma omp parallel for{' simd' if knobs.simd else ''}{schedule}\n"
-                f"  for (idx_t i = 0; i < n; ++i) {{\n{body}\n  }}\n")
-    return (f"{PRELUDE}\n// forge recipe: pointwise, knobs {knobs}\n"
+                f"  for (idx_t k = 0; k < n; ++k) {{\n    const idx_t o = 0, i = k; (void)o;\n{body}\n  }}\n")
+    return (f"{PRELUDE}\n// forge recipe: pointwise, {low.outer} x {low.inner}, knobs {knobs}\n"
             f"extern \"C\" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {{\n"
             f"  if (n_in != {len(low.inputs)} || n_out != {len(low.outputs)}) return 1;\n"
             f"  if ({guard}) return 2;\n{pointers(low.inputs, low.outputs)}"
-            f"{index_type(low.numel)}  const idx_t n = {low.numel};\n{loop}  return 0;\n}}\n")
+            f"{index_type(low.numel)}  const idx_t n = {low.numel}; (void)n;\n{loop}  return 0;\n}}\n")
 
 
 def candidate(low: Lowered, knobs: Knobs) -> Candidate:

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx
+from torch.utils._sympy.functions import ModularIndexing
 
 from forge.kernel import Candidate, TaskSpec
 from forge.ops import Kind, kind_of, op_name
+from forge.recipes.index import Expr, Simplifier, unit_stride_in, var
 from forge.recipes.pointwise import (
     _FLOAT_TYPES,
     PRELUDE,
@@ -54,6 +56,7 @@ class RowLowered:
     length: int
     x_lines: tuple[str, ...]  # pass-1 prologue lines computing `x` (the reduced input) at index i
     x_expr: str
+    piv_lines: tuple[str, ...]  # `x` at the row's first element (the shift of the variance sums)
     y_lines: tuple[str, ...]  # pass-2 lines at element index i (epilogue and full-size stores)
     row_stores: tuple[str, ...]  # stores of row-sized outputs, at index r
     stats: str  # how the statistics are turned into the reduce node's values (documentation only)
@@ -62,6 +65,8 @@ class RowLowered:
     guard: str
     pointers: str
     eps: float  # of a layer or group norm (0 otherwise)
+    outer: int = 1  # the row is `outer` blocks (variable jo) of `inner` elements (ji, the vector loop)
+    inner: int = 0
 
 
 def lower(spec: TaskSpec) -> RowLowered:
@@ -87,20 +92,42 @@ def lower(spec: TaskSpec) -> RowLowered:
     for u in red.users:  # only the main output of multi-output norms
         if op_name(u.target) == "getitem" and u.args[1] != 0 and u.users:
             raise NotMine("uses the saved statistics of a normalization")
-    pro = _Emitter(inputs, spec.inputs, prefix="p")
-    x_expr = pro.value(x, "i")
-    epi = _Emitter(inputs, spec.inputs, prefix="e", special={red: lambda idx: _reduced_value(red, name, idx, epi,
-                                                                                          length)})
-    per_row = _Emitter(inputs, spec.inputs, prefix="q", special={red: lambda idx: _reduced_value(
-        red, name, idx, per_row, length)})
+    # the row as blocks of trailing dimensions (GroupNorm: channels of H*W), the longest block first
+    suffixes = {math.prod(shape[d:]) for d in range(len(shape))}
+    splits = sorted({length} | {p for p in suffixes if 1 < p < length and length % p == 0}, reverse=True)
+    first = None
+    for inner in splits:
+        low, loads = _lower_split(spec, gm, red, name, inputs, rows, length, inner)
+        if all(unit_stride_in(e, var("ji")) for e in loads):
+            return low
+        first = first or low
+    assert first is not None
+    return first
+
+
+def _lower_split(spec: TaskSpec, gm: torch.fx.GraphModule, red: torch.fx.Node, name: str,
+                 inputs: dict[torch.fx.Node, int], rows: int, length: int, inner: int
+                 ) -> tuple[RowLowered, list[Expr]]:
+    r, jo, ji = var("r"), var("jo"), var("ji")
+    simplify = Simplifier({r: rows, jo: length // inner, ji: inner})
+    i = r * length + jo * inner + ji
+    x = red.args[0]
+    pro = _Emitter(inputs, spec.inputs, simplify, prefix="p")
+    x_expr = pro.value(x, i)
+    piv = _Emitter(inputs, spec.inputs, simplify, prefix="z")
+    piv.lines.append(f"const float piv = {piv.value(x, r * length)};")
+    epi = _Emitter(inputs, spec.inputs, simplify, prefix="e",
+                   special={red: lambda idx: _reduced_value(red, name, idx, epi, length)})
+    per_row = _Emitter(inputs, spec.inputs, simplify, prefix="q",
+                       special={red: lambda idx: _reduced_value(red, name, idx, per_row, length)})
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
     y_stores, row_stores = [], []
     for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
         ctype = _FLOAT_TYPES[m.torch_dtype]
         if m.numel == rows * length:
-            v, target, at = epi.value(o, "i"), y_stores, "i"
+            v, target, at = epi.value(o, i), y_stores, "i"
         elif m.numel == rows:
-            v, target, at = per_row.value(o, "r"), row_stores, "r"
+            v, target, at = per_row.value(o, r), row_stores, "r"
         else:
             raise NotMine("an output that is neither per element nor per row")
         conv = {torch.bfloat16: f"f2bf({v})"}.get(m.torch_dtype, f"({ctype})({v})")
@@ -109,10 +136,12 @@ def lower(spec: TaskSpec) -> RowLowered:
                          for d, s in enumerate(m.shape)] + [f"in[{i}].stride[{d}] != {s}"
                          for i, m in enumerate(spec.inputs) for d, s in enumerate(m.stride)
                          if m.shape[d] > 1]) or "0"
-    return RowLowered(name, rows, length, tuple(pro.lines), x_expr, tuple(epi.lines + y_stores),
-                      tuple(per_row.lines + row_stores), name, len(spec.inputs), len(spec.outputs), guard,
-                      pointers(spec.inputs, spec.outputs),
-                      float(red.args[-1]) if name in ("native_layer_norm", "native_group_norm") else 0.0)
+    low = RowLowered(name, rows, length, tuple(pro.lines), x_expr, tuple(piv.lines), tuple(epi.lines + y_stores),
+                     tuple(per_row.lines + row_stores), name, len(spec.inputs), len(spec.outputs), guard,
+                     pointers(spec.inputs, spec.outputs),
+                     float(red.args[-1]) if name in ("native_layer_norm", "native_group_norm") else 0.0,
+                     length // inner, inner)
+    return low, pro.loads + epi.loads
 
 
 def _row_length(red: torch.fx.Node, name: str, shape: tuple[int, ...]) -> int:
@@ -138,7 +167,7 @@ def _row_length(red: torch.fx.Node, name: str, shape: tuple[int, ...]) -> int:
     return math.prod(shape[nd - len(dims):])
 
 
-def _reduced_value(red: torch.fx.Node, name: str, idx: str, epi: _Emitter, length: int) -> str:
+def _reduced_value(red: torch.fx.Node, name: str, idx: Expr, epi: _Emitter, length: int) -> str:
     """The reduce node's value at `idx` in pass 2, from the row statistics (mx, sm, mean, rstd)."""
     if name in ("mean", "sum", "amax", "amin", "logsumexp", "var"):
         return {"mean": "mean", "sum": "sm", "amax": "mx", "amin": "mn", "logsumexp": "(mx + logf(sm))",
@@ -150,56 +179,84 @@ def _reduced_value(red: torch.fx.Node, name: str, idx: str, epi: _Emitter, lengt
         return f"({xv} - mx - logf(sm))"
     if name == "native_layer_norm":
         w, b = red.args[2], red.args[3]
-        j = f"(({idx}) % {length})"
+        j = ModularIndexing(idx, 1, length)
         wv = epi.value(w, j) if w is not None else "1.0f"
         bv = epi.value(b, j) if b is not None else "0.0f"
         return f"(({xv} - mean) * rstd * {wv} + {bv})"
     if name == "native_group_norm":
         w, b, c, hw = red.args[1], red.args[2], red.args[4], red.args[5]
-        ch = f"((({idx}) / {hw}) % {c})"
+        ch = ModularIndexing(idx, hw, c)
         wv = epi.value(w, ch) if w is not None else "1.0f"
         bv = epi.value(b, ch) if b is not None else "0.0f"
         return f"(({xv} - mean) * rstd * {wv} + {bv})"
     raise NotMine(f"no row recipe for aten.{name}")
 
 
+_BLOCK = 1024  # elements per float partial sum (partials are added in double)
+
+
+def _loop(low: RowLowered, lines: tuple[str, ...] | list[str], pragma: str = "", pre: str = "",
+          post: str = "") -> str:
+    """A loop over the row's elements: blocks `jo` of `inner` elements `ji` (the vector loop, with
+    `pragma`), in pieces of at most _BLOCK with `pre` before and `post` after each piece."""
+    body = "\n".join(f"        {line}" for line in lines)
+    head = f"        const idx_t i = base + jo * {low.inner} + ji; (void)i;\n"
+    pragma = f"      {pragma}\n" if pragma else ""
+    pre = f"      {pre}\n" if pre else ""
+    post = f"      {post}\n" if post else ""
+    if low.inner <= _BLOCK or not (pre or post):
+        inner = f"{pre}{pragma}      for (idx_t ji = 0; ji < {low.inner}; ++ji) {{\n{head}{body}\n      }}\n{post}"
+    else:
+        inner = (f"    for (idx_t jb = 0; jb < {low.inner}; jb += {_BLOCK}) {{\n"
+                 f"      const idx_t je = jb + {_BLOCK} < {low.inner} ? jb + {_BLOCK} : {low.inner};\n"
+                 f"{pre}{pragma}      for (idx_t ji = jb; ji < je; ++ji) {{\n{head}{body}\n      }}\n{post}    }}\n")
+    return f"    for (idx_t jo = 0; jo < {low.outer}; ++jo) {{\n{inner}    }}\n"
+
+
 def _stats_code(low: RowLowered, knobs: RowKnobs, eps: str) -> str:
     """Pass 1: the row statistics the op needs."""
-    pro = "\n".join(f"      {line}" for line in low.x_lines)
-    loop = f"    for (idx_t j = 0; j < {low.length}; ++j) {{\n      const idx_t i = base + j;\n{pro}\n"
     x = low.x_expr
-    simd = "    #pragma omp simd reduction(+:sm)\n" if knobs.simd else ""
+    pro = list(low.x_lines)
+
+    def simd(clause: str) -> str:
+        return f"#pragma omp simd reduction({clause})" if knobs.simd else ""
+
     if low.op in ("_softmax", "_log_softmax", "logsumexp"):
         if knobs.online:
-            return (f"    float mx = -INFINITY, sm = 0.0f;\n{loop}"
-                    f"      const float v = {x};\n"
-                    f"      if (v > mx) {{ sm = sm * forge_expf(mx - v) + 1.0f; mx = v; }}\n"
-                    f"      else if (v != -INFINITY) sm += forge_expf(v - mx);  // -inf - -inf would be NaN\n"
-                    f"    }}\n    const float inv_sm = 1.0f / sm; (void)inv_sm;\n")
-        simd_max = "    #pragma omp simd reduction(max:mx)\n" if knobs.simd else ""
-        return (f"    float mx = -INFINITY, sm = 0.0f;\n{simd_max}{loop}      mx = forge_max(mx, {x});\n    }}\n"
-                f"{simd}{loop}      sm += forge_expf({x} - mx);\n    }}\n"
-                f"    const float inv_sm = 1.0f / sm; (void)inv_sm;\n")
+            return ("    float mx = -INFINITY, sm = 0.0f;\n" + _loop(low, [
+                *pro, f"const float v = {x};",
+                "if (v > mx) { sm = sm * forge_expf(mx - v) + 1.0f; mx = v; }",
+                "else if (v != -INFINITY) sm += forge_expf(v - mx);  // -inf - -inf would be NaN"])
+                + "    const float inv_sm = 1.0f / sm; (void)inv_sm;\n")
+        return ("    float mx = -INFINITY; double sm_d = 0.0;\n"
+                + _loop(low, [*pro, f"bm = forge_max(bm, {x});"], simd("max:bm"), "float bm = -INFINITY;",
+                        "mx = forge_max(mx, bm);")
+                + _loop(low, [*pro, f"bs += forge_expf({x} - mx);"], simd("+:bs"), "float bs = 0.0f;",
+                        "sm_d += bs;")
+                + "    const float sm = (float)sm_d; const float inv_sm = 1.0f / sm; (void)inv_sm;\n")
     if low.op in ("amax", "amin"):
-        op, init, var = ("forge_max", "-INFINITY", "mx") if low.op == "amax" else ("forge_min", "INFINITY", "mn")
+        op, init, v = ("forge_max", "-INFINITY", "mx") if low.op == "amax" else ("forge_min", "INFINITY", "mn")
         red = "max" if low.op == "amax" else "min"
-        pragma = f"    #pragma omp simd reduction({red}:{var})\n" if knobs.simd else ""
-        return f"    float {var} = {init};\n{pragma}{loop}      {var} = {op}({var}, {x});\n    }}\n"
+        return (f"    float {v} = {init};\n"
+                + _loop(low, [*pro, f"b = {op}(b, {x});"], simd(f"{red}:b"), f"float b = {init};",
+                        f"{v} = {op}({v}, b);"))
     if low.op in ("mean", "sum"):
-        return (f"    double sm_d = 0.0;\n{simd.replace('sm', 'sm_d')}{loop}      sm_d += {x};\n    }}\n"
-                f"    const float sm = (float)sm_d; const float mean = (float)(sm_d / {low.length}); "
+        return ("    double sm_d = 0.0;\n" + _loop(low, [*pro, f"b1 += {x};"], simd("+:b1"), "float b1 = 0.0f;",
+                                                  "sm_d += b1;")
+                + f"    const float sm = (float)sm_d; const float mean = (float)(sm_d / {low.length}); "
                 f"(void)sm; (void)mean;\n")
     # mean and variance: layer norm, group norm, var
     if knobs.welford:
-        acc = (f"    double mean_d = 0.0, m2 = 0.0; int64_t cnt = 0;\n{loop}"
-               f"      const double v = {x}; ++cnt; const double d = v - mean_d; mean_d += d / cnt;"
-               f" m2 += d * (v - mean_d);\n    }}\n    const double var_d = m2 / {low.length};\n")
-    else:
-        pragma = "    #pragma omp simd reduction(+:s1, s2)\n" if knobs.simd else ""
-        acc = (f"    double s1 = 0.0, s2 = 0.0;\n{pragma}{loop}      const double v = {x}; s1 += v; s2 += v * v;\n"
-               f"    }}\n    const double mean_d = s1 / {low.length};\n"
-               f"    const double var_d = s2 / {low.length} - mean_d * mean_d > 0 ? "
-               f"s2 / {low.length} - mean_d * mean_d : 0.0;\n")
+        acc = ("    double mean_d = 0.0, m2 = 0.0; int64_t cnt = 0;\n" + _loop(low, [
+            *pro, f"const double v = {x}; ++cnt; const double d = v - mean_d; mean_d += d / cnt;"
+            " m2 += d * (v - mean_d);"]) + f"    const double var_d = m2 / {low.length};\n")
+    else:  # sums of x - piv (the row's first value), so a large mean does not cancel the variance away
+        pivot = "\n".join(f"    {line}" for line in low.piv_lines)
+        acc = (f"{pivot}\n    double s1 = 0.0, s2 = 0.0;\n"
+               + _loop(low, [*pro, f"const float v = {x} - piv; b1 += v; b2 += v * v;"], simd("+:b1, b2"),
+                       "float b1 = 0.0f, b2 = 0.0f;", "s1 += b1; s2 += b2;")
+               + f"    const double m1 = s1 / {low.length};\n    const double mean_d = piv + m1;\n"
+               f"    const double var_d = s2 / {low.length} - m1 * m1 > 0 ? s2 / {low.length} - m1 * m1 : 0.0;\n")
     return (acc + f"    const float mean = (float)mean_d; const float rstd = (float)(1.0 / sqrt(var_d + {eps}));"
             f" const float var_ = (float)var_d; (void)rstd; (void)var_;\n")
 
@@ -207,18 +264,16 @@ def _stats_code(low: RowLowered, knobs: RowKnobs, eps: str) -> str:
 def emit_cpu(low: RowLowered, knobs: RowKnobs) -> str:
     """The C++ source of the row kernel with these knobs."""
     schedule = f"schedule(static, {knobs.chunk})" if knobs.chunk else "schedule(static)"
-    y = "\n".join(f"      {line}" for line in low.y_lines)
     rows = "\n".join(f"    {line}" for line in low.row_stores)
-    simd2 = "    #pragma omp simd\n" if knobs.simd else ""
-    pass2 = (f"{simd2}    for (idx_t j = 0; j < {low.length}; ++j) {{\n"
-             f"      const idx_t i = base + j;\n{y}\n    }}\n" if low.y_lines else "")
-    return (f"{PRELUDE}\n// forge recipe: row reduction ({low.op}), {low.rows} rows of {low.length}, {knobs}\n"
+    pass2 = _loop(low, low.y_lines, "#pragma omp simd" if knobs.simd else "") if low.y_lines else ""
+    return (f"{PRELUDE}\n// forge recipe: row reduction ({low.op}), {low.rows} rows of {low.outer} x {low.inner}, "
+            f"{knobs}\n"
             f"extern \"C\" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {{\n"
             f"  if (n_in != {low.n_in} || n_out != {low.n_out}) return 1;\n"
             f"  if ({low.guard}) return 2;\n{low.pointers}{index_type(low.rows * low.length)}"
             f"  #pragma omp parallel for {schedule}\n"
             f"  for (idx_t r = 0; r < {low.rows}; ++r) {{\n"
-            f"    const idx_t base = r * {low.length};\n"
+            f"    const idx_t base = r * {low.length}; (void)base;\n"
             f"{_stats_code(low, knobs, _lit(low.eps))}{pass2}{rows}\n  }}\n  return 0;\n}}\n")
 
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from forge.capture import TensorMeta
 from forge.kernel import DTYPE_CODES
 
 
@@ -57,6 +59,53 @@ def _tensor_array(ts: list[torch.Tensor], keep: list[Any]) -> Any:
                              ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
                              ctypes.cast(stride, ctypes.POINTER(ctypes.c_int64)))
     return arr
+
+
+def _meta_array(metas: Sequence[TensorMeta], keep: list[Any]) -> Any:
+    """ForgeTensor structs with the shapes and strides of `metas` and null data pointers."""
+    arr = (ForgeTensor * max(len(metas), 1))()
+    for i, m in enumerate(metas):
+        shape = (ctypes.c_int64 * max(len(m.shape), 1))(*m.shape)
+        stride = (ctypes.c_int64 * max(len(m.stride), 1))(*m.stride)
+        keep += [shape, stride]
+        i64 = ctypes.POINTER(ctypes.c_int64)
+        arr[i] = ForgeTensor(None, DTYPE_CODES[m.dtype], len(m.shape), ctypes.cast(shape, i64),
+                             ctypes.cast(stride, i64))
+    return arr
+
+
+class FixedCall:
+    """A C or CUDA launcher for tensors of fixed shapes and strides: a call only writes the data pointers.
+
+    What the dispatcher runs once its guards have checked the tensors against the metadata: no ctypes object
+    is made per call. Important: the ForgeTensor arrays are shared, so a call holds a lock (another thread
+    could swap the pointers during a launch otherwise), and the caller must have checked dtype, shape and
+    stride.
+    """
+
+    def __init__(self, launcher: Launcher, inputs: Sequence[TensorMeta], outputs: Sequence[TensorMeta]) -> None:
+        self.fn, self.cuda = launcher.c_fn, launcher.backend == "cuda"
+        self._keep: list[Any] = []
+        self._ins, self._outs = _meta_array(inputs, self._keep), _meta_array(outputs, self._keep)
+        size, offset = ctypes.sizeof(ForgeTensor), ForgeTensor.data.offset
+        # the data fields of the structs, inputs then outputs, as ctypes objects to write into
+        self._data = tuple(ctypes.c_void_p.from_address(ctypes.addressof(arr) + i * size + offset)
+                           for arr, n in ((self._ins, len(inputs)), (self._outs, len(outputs))) for i in range(n))
+        self._n_in, self._n_out = ctypes.c_int(len(inputs)), ctypes.c_int(len(outputs))
+        self._lock = threading.Lock()
+
+    def __call__(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        """Launch on these tensors (on the current CUDA stream for a CUDA kernel); LaunchError if it fails."""
+        with self._lock:
+            for slot, t in zip(self._data, (*inputs, *outputs), strict=False):  # the caller checked the counts
+                slot.value = t.data_ptr()
+            if self.cuda:
+                stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+                ret = self.fn(self._ins, self._n_in, self._outs, self._n_out, stream)
+            else:
+                ret = self.fn(self._ins, self._n_in, self._outs, self._n_out)
+        if ret != 0:
+            raise LaunchError(f"forge_launch returned {ret}")
 
 
 class Launcher:

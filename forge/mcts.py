@@ -131,7 +131,12 @@ class MCTS:
             n = n.parent
 
     def restore(self, node_id: int, parent_id: int | None, payload: Any, reward: float | None) -> Node:
-        """Re-create a stored node (parents first) without evaluating it again; for --resume."""
+        """Re-create a stored node without evaluating it again; for --resume.
+
+        Important: restore nodes in the order they were evaluated (parents first), so the statistics and
+        pruning replay as they happened; a restored payload is taken out of every node's pending
+        proposals, so it is never proposed (and evaluated) again anywhere in the tree.
+        """
         if parent_id is None:
             self.root.payload = payload
             return self.root
@@ -140,7 +145,9 @@ class MCTS:
         assert parent is not None
         if parent.proposals is None:
             parent.proposals = list(self.propose(parent))
-        parent.proposals = [p for p in parent.proposals if p != payload]
+        for n in self.nodes.values():
+            if n.proposals:
+                n.proposals = [p for p in n.proposals if p != payload]
         if reward is not None:
             node.pending = 0
             n: Node | None = node

@@ -1,25 +1,35 @@
 """The search: for each task, an MCTS over a policy's candidates, judged by the evaluator, stored as it goes.
 
-Tasks are taken by share of model time; each gets a share of the candidate budget. A task stops when
-it reaches its roofline floor, stops improving (`patience` candidates without a better time), runs out
-of candidates or time, or when the policy has nothing for it ("not mine"). Every candidate and every
-evaluation is written to the store the moment it exists.
+The candidate budget goes where the possible gain is. First every searchable task (share of model time
+at least `min_share`, and the policy's) gets a probe: its first `min_per_task` candidates, biggest share
+first, which measure the task's eager time and its roofline floor. Then the rest of the budget is shared
+out in proportion to share x headroom, headroom = 1 - floor / eager (the fraction of the task's time a
+kernel at the floor would save), biggest weight first, at most `per_task` candidates a task; what a task
+leaves unused goes to the next. A task stops when it reaches its floor, stops improving (`patience`
+candidates without a better time), runs out of candidates, time or ideas, or when the policy has nothing
+for it ("not mine"); its stop reason says which.
+
+Every task is stored when the search starts, every candidate and evaluation the moment it exists, and
+the probe's weights and each task's candidate target when they are decided, so `resume=True` rebuilds
+every tree from the store (no node evaluated again) and continues where the run stopped.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
+from datetime import timezone
 from typing import Any
 
 from forge.build import build
 from forge.evaluate import Evaluator, evaluation_fields
 from forge.kernel import Candidate, EvalResult, TaskSpec
-from forge.mcts import MCTS, Node, reward_of
+from forge.mcts import FAIL, MCTS, Node, reward_of
 from forge.policy import Policy
-from forge.store import Store
+from forge.store import CandidateRecord, EvaluationRecord, Store, TaskRecord
 from forge.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -31,7 +41,7 @@ class Budget:
 
     candidates: int = 48  # over all tasks
     per_task: int = 16
-    min_per_task: int = 4
+    min_per_task: int = 4  # the probe: every searched task's first candidates (measure eager time and floor)
     seconds: float = 600.0  # wall time over all tasks
     patience: int = 8  # candidates without improvement before a task stops
     parallel: int = 4  # candidates selected (and built) at once
@@ -52,6 +62,7 @@ class TaskOutcome:
     stop_reason: str
     best: Candidate | None = None
     library: str | None = None  # the built winner
+    floor_us: float | None = None  # the roofline floor: the task's bytes at the device's copy bandwidth
 
     @property
     def speedup(self) -> float | None:
@@ -62,95 +73,247 @@ class TaskOutcome:
 Progress = Callable[[str, int, float | None], None]  # (task key, candidates so far, best speedup)
 
 
-def search_task(task: Task, policy: Policy, ev: Evaluator, store: Store, run_id: str, n_candidates: int,
-                deadline: float, budget: Budget, progress: Progress | None = None) -> TaskOutcome:
-    """MCTS for one task until a stop condition; see the module docstring."""
-    spec = TaskSpec.of(task)
-    share = task.share or 0.0
-    rec = store.add_task(run_id, task.key, family=task.family, count=task.count, ms=task.ms, share=task.share,
-                         source=task.source, meta={"ops": list(task.ops)}, state="running")
-    why_not = policy.mine(spec)
-    if why_not is not None:
-        store.update_task(rec.id, state="done", stop_reason=f"not mine: {why_not}")
-        return TaskOutcome(task.key, task.family, share, None, None, 0, "not mine", f"not mine: {why_not}")
-    root = store.add_candidate(rec.id, None, backend="eager", source=task.source, origin="baseline", status="ok")
-    db_id: dict[int, int] = {0: root.id}
-    tree = MCTS(lambda node: policy.propose(spec, node.payload, ""))
-    best: tuple[float, Candidate, Node] | None = None
-    eager_us: float | None = None
-    floor_us: float | None = None
-    tried, since_best, stop = 0, 0, "budget"
-    while True:
-        if tried >= n_candidates:
-            stop = f"budget ({n_candidates} candidates)"
-            break
+def knobs_of(payload: Any) -> dict[str, Any]:
+    """The stored form of a payload: a dataclass's fields, or {"payload": value} for anything else."""
+    if is_dataclass(payload) and not isinstance(payload, type):
+        return {f.name: getattr(payload, f.name) for f in fields(payload)}
+    if payload is None or isinstance(payload, (str, int, float, bool, list, dict)):
+        return {"payload": payload}
+    return {"payload": repr(payload), "restorable": False}
+
+
+def payload_of(policy: Policy, spec: TaskSpec, knobs: dict[str, Any]) -> tuple[Any, bool]:
+    """(payload, restored) from stored knobs: the policy's `payload_of` if it has one, else JSON payloads.
+
+    `restored` is False when the payload cannot be re-created; the node then keeps its statistics but is
+    never expanded (its stored source still counts as a candidate).
+    """
+    fn = getattr(policy, "payload_of", None)
+    try:
+        if fn is not None:
+            return fn(spec, knobs), True
+    except (TypeError, ValueError) as e:
+        log.warning("policy %s cannot rebuild payload %s: %s", policy.name, knobs, e)
+        return knobs, False
+    if set(knobs) == {"payload"}:
+        return knobs["payload"], True
+    return knobs, False
+
+
+class TaskSearch:
+    """One task's tree, best kernel, eager time and floor: it can stop, wait for budget, and go on."""
+
+    def __init__(self, task: Task, policy: Policy, store: Store, rec: TaskRecord) -> None:
+        self.task, self.policy, self.store, self.rec = task, policy, store, rec
+        self.spec = TaskSpec.of(task)
+        self.tree = MCTS(lambda node: policy.propose(self.spec, node.payload, ""))
+        self.db_id: dict[int, int] = {}  # tree node id -> candidate id in the store
+        self.best: tuple[float, Candidate] | None = None  # (median us, candidate)
+        self.eager_us: float | None = None
+        self.floor_us: float | None = None
+        self.tried = 0
+        self.since_best = 0
+        self.stop: str | None = rec.stop_reason if rec.state == "done" else None
+        self.meta: dict[str, Any] = dict(rec.meta)
+        self.last_at: Any = None  # when its newest stored evaluation was made
+
+    def start(self) -> None:
+        """Store the root (the eager baseline) unless a stored tree was restored."""
+        if not self.db_id:
+            root = self.store.add_candidate(self.rec.id, None, backend="eager", source=self.task.source,
+                                            origin="baseline", status="ok")
+            self.db_id[0] = root.id
+            self.store.update_task(self.rec.id, state="running")
+
+    def restore(self) -> None:
+        """Rebuild the tree and the statistics from the store, in evaluation order; nothing is evaluated."""
+        tree_id: dict[int, int] = {}  # candidate id -> tree node id
+        for c in sorted(self.store.candidates(self.rec.id), key=lambda c: c.id):  # parents before children
+            if c.parent_id is None:
+                if not tree_id:
+                    tree_id[c.id], self.db_id[0] = 0, c.id
+                continue
+            evs = self.store.evaluations(c.id)
+            if c.parent_id not in tree_id or not evs:
+                continue  # stored but never evaluated (killed in between): it may be chosen and evaluated again
+            payload, ok = payload_of(self.policy, self.spec, c.knobs)
+            node = self.tree.restore(len(self.tree.nodes), tree_id[c.parent_id], payload,
+                                     FAIL if c.reward is None else c.reward)
+            node.pruned = node.pruned or not ok
+            tree_id[c.id], self.db_id[node.id] = node.id, c.id
+            self._account(evs[-1], lambda c=c, payload=payload, ok=ok: self._candidate(c, payload, ok))
+
+    def _candidate(self, c: CandidateRecord, payload: Any, ok: bool) -> Candidate:
+        if ok:
+            try:
+                return self.policy.render(self.spec, payload)
+            except Exception as e:  # a policy that cannot render it any more: the stored source is the kernel
+                log.warning("cannot re-render candidate %d: %s", c.id, e)
+        return Candidate(c.backend, c.source, c.entry)
+
+    def _account(self, ev: EvaluationRecord | EvalResult, cand: Callable[[], Candidate]) -> None:
+        """Count one evaluation: eager time, floor, best and patience."""
+        self.tried += 1
+        if isinstance(ev, EvalResult):
+            passed, median = ev.status.passed, ev.timing.median_us if ev.timing else None
+            baseline, floor = (ev.baseline.median_us if ev.baseline else None), ev.floor_us
+        else:
+            passed, median, baseline = ev.status == "ok", ev.time_us_median, ev.baseline_us_median
+            floor = (ev.time_us_spread or {}).get("floor_us")
+            self.last_at = ev.created_at if self.last_at is None else max(self.last_at, ev.created_at)
+        self.floor_us = floor or self.floor_us
+        if baseline:
+            self.eager_us = baseline if self.eager_us is None else min(self.eager_us, baseline)
+        if passed and median and (self.best is None or median < self.best[0]):
+            self.best, self.since_best = (median, cand()), 0
+        else:
+            self.since_best += 1
+
+    def stopped(self, deadline: float, budget: Budget) -> str | None:
+        """Why the task must stop now, or None."""
+        why = self.policy.stop_reason() if hasattr(self.policy, "stop_reason") else None  # e.g. --max-usd spent
+        if why:
+            return why
+        if self.best and self.floor_us and self.best[0] <= 1.05 * self.floor_us:
+            return "reached the roofline floor"
+        if self.since_best >= budget.patience:
+            return f"no improvement in {budget.patience} candidates"
         if time.monotonic() > deadline:
-            stop = "time"
-            break
-        nodes = [n for n in (tree.select() for _ in range(min(budget.parallel, n_candidates - tried))) if n]
-        if not nodes:
-            stop = "exhausted (no more ideas)"
-            break
-        cands = [policy.render(spec, n.payload) for n in nodes]
-        for node, cand, res in zip(nodes, cands, ev.evaluate_many(spec, cands, seed=tried), strict=True):
-            tried += 1
-            speedup = res.speedup if res.status.passed else None
-            tree.report(node, reward_of(speedup))
-            _record(store, rec.id, db_id, node, cand, res, policy.name)
-            floor_us = res.floor_us or floor_us
-            if res.baseline:
-                eager_us = res.baseline.median_us if eager_us is None else min(eager_us, res.baseline.median_us)
-            if res.status.passed and res.timing and (best is None or res.timing.median_us < best[0]):
-                best, since_best = (res.timing.median_us, cand, node), 0
-            else:
-                since_best += 1
-        if progress:
-            progress(task.key, tried, eager_us / best[0] if best and eager_us else None)
-        if best and floor_us and best[0] <= 1.1 * floor_us:
-            stop = "reached the roofline floor"
-            break
-        if since_best >= budget.patience:
-            stop = f"no improvement in {budget.patience} candidates"
-            break
-    gain = best is not None and eager_us is not None and best[0] < eager_us / 1.05
-    library = build(best[1], ev.arch).path if gain and best else None
-    status = "improved" if gain else "no gain"
-    store.update_task(rec.id, state="done", stop_reason=stop)
-    return TaskOutcome(task.key, task.family, share, eager_us, best[0] if best else None, tried, status, stop,
-                       best[1] if gain and best else None, library)
+            return "time"
+        return None
+
+    def run(self, until: int, ev: Evaluator, deadline: float, budget: Budget, progress: Progress | None) -> None:
+        """Evaluate batches until `until` candidates in all, or a stop condition (then `self.stop` says which)."""
+        while self.stop is None and self.tried < until:
+            self.stop = self.stopped(deadline, budget)
+            if self.stop:
+                break
+            # select + expand (the tree), then evaluate the batch: builds in parallel, timing one at a time
+            nodes = [n for n in (self.tree.select() for _ in range(min(budget.parallel, until - self.tried))) if n]
+            if not nodes:
+                self.stop = "exhausted (no more ideas)"
+                break
+            cands = [self.policy.render(self.spec, n.payload) for n in nodes]
+            for node, cand, res in zip(nodes, cands, ev.evaluate_many(self.spec, cands, seed=self.tried),
+                                       strict=True):
+                self.tree.report(node, reward_of(res.speedup if res.status.passed else None))  # backpropagate
+                self._record(node, cand, res)
+                self._account(res, lambda cand=cand: cand)
+                if hasattr(self.policy, "observe"):  # feedback for policies that learn from outcomes (LLMs)
+                    self.policy.observe(self.spec, node.payload, cand, res)
+            if progress:
+                progress(self.task.key, self.tried, self.eager_us / self.best[0] if self.best and self.eager_us
+                         else None)
+        if self.stop is None:
+            self.stop = self.stopped(deadline, budget)
+
+    def _record(self, node: Node, cand: Candidate, res: EvalResult) -> None:
+        parent = self.db_id[node.parent.id] if node.parent is not None else None
+        row = self.store.add_candidate(self.rec.id, parent, backend=cand.backend, source=cand.source,
+                                       entry=cand.entry, knobs=knobs_of(node.payload), origin=self.policy.name,
+                                       status=res.status.value, visits=1, reward=node.reward)
+        self.db_id[node.id] = row.id
+        self.store.add_evaluation(row.id, **evaluation_fields(res))
+
+    def headroom(self, bandwidth: float | None) -> float:
+        """1 - floor / eager, from the probe; estimated from the profile when the probe measured neither."""
+        eager = self.eager_us or (self.task.ms * 1e3 / max(self.task.count, 1) if self.task.ms else None)
+        floor = self.floor_us or (self.spec.floor_bytes / bandwidth * 1e6 if bandwidth else None)
+        if not eager or floor is None:
+            return 0.5  # nothing known: assume half of the time can go
+        return max(0.0, 1.0 - floor / eager)
+
+    def set_meta(self, **kw: Any) -> None:
+        """Record allocation decisions with the task, for --resume."""
+        self.meta.update(kw)
+        self.store.update_task(self.rec.id, meta=dict(self.meta))
+
+    def finish(self, ev: Evaluator, reason: str) -> TaskOutcome:
+        """Mark the task done in the store and build its winner, if it beat eager by 5%."""
+        self.stop = self.stop or reason
+        share = self.task.share or 0.0
+        if self.rec.state != "done" or self.rec.stop_reason != self.stop:
+            self.store.update_task(self.rec.id, state="done", stop_reason=self.stop)
+        best = self.best
+        gain = best is not None and self.eager_us is not None and best[0] < self.eager_us / 1.05
+        library = build(best[1], ev.arch).path if gain and best else None
+        status = "improved" if gain else "no gain" if self.tried else "skipped"
+        return TaskOutcome(self.task.key, self.task.family, share, self.eager_us, best[0] if best else None,
+                           self.tried, status, self.stop, best[1] if gain and best else None, library, self.floor_us)
 
 
-def _record(store: Store, task_id: int, db_id: dict[int, int], node: Node, cand: Candidate, res: EvalResult,
-            origin: str) -> None:
-    parent = db_id[node.parent.id] if node.parent is not None else None
-    row = store.add_candidate(task_id, parent, backend=cand.backend, source=cand.source, entry=cand.entry,
-                              knobs=_knobs(node.payload), origin=origin, status=res.status.value, visits=1,
-                              reward=node.reward)
-    db_id[node.id] = row.id
-    store.add_evaluation(row.id, **evaluation_fields(res))
-
-
-def _knobs(payload: Any) -> dict[str, Any]:
-    return dict(vars(payload)) if hasattr(payload, "__dataclass_fields__") else {"payload": repr(payload)}
+def _bandwidth(states: list[TaskSearch]) -> float | None:
+    """Bytes per second the worker measured, recovered from the floors of probed tasks."""
+    rates = [s.spec.floor_bytes / (s.floor_us * 1e-6) for s in states if s.floor_us and s.spec.floor_bytes]
+    return statistics.median(rates) if rates else None
 
 
 def search(tasks: list[Task], policy: Policy, ev: Evaluator, store: Store, run_id: str, budget: Budget,
-           progress: Progress | None = None) -> list[TaskOutcome]:
-    """Search every task worth it, biggest share first, within the budget."""
-    deadline = time.monotonic() + budget.seconds
+           progress: Progress | None = None, resume: bool = False) -> list[TaskOutcome]:
+    """Search every task worth it within the budget: probe each, then by share x headroom (module docstring).
+
+    With `resume`, the run's stored tasks, trees and decisions are restored and the search goes on.
+    """
+    stored = {r.key: r for r in store.get_tasks(run_id)} if resume else {}
+    if stored:  # the shares the run was started with, not a new profile's
+        tasks = [replace(t, ms=stored[t.key].ms, share=stored[t.key].share) if t.key in stored else t for t in tasks]
     ranked = sorted(tasks, key=lambda t: -(t.share or 0.0))
-    eligible = [t for t in ranked if (t.share or 0.0) >= budget.min_share]
-    total_share = sum(t.share or 0.0 for t in eligible) or 1.0
-    left = budget.candidates
-    out = []
+    out: dict[str, TaskOutcome] = {}
+    states: list[TaskSearch] = []
     for t in ranked:
-        if t not in eligible or left <= 0:
-            why = "share below --min-share" if t not in eligible else "run budget spent"
-            out.append(TaskOutcome(t.key, t.family, t.share or 0.0, None, None, 0, "skipped", why))
+        rec = stored.get(t.key) or store.add_task(run_id, t.key, family=t.family, count=t.count, ms=t.ms,
+                                                  share=t.share, source=t.source, meta={"ops": list(t.ops)})
+        share = t.share or 0.0
+        why_not = policy.mine(TaskSpec.of(t)) if share >= budget.min_share else None
+        if share < budget.min_share or why_not is not None:
+            status, why = ("skipped", "share below --min-share") if why_not is None else ("not mine",
+                                                                                           f"not mine: {why_not}")
+            if rec.state != "done":
+                store.update_task(rec.id, state="done", stop_reason=why)
+            out[t.key] = TaskOutcome(t.key, t.family, share, None, None, 0, status, why)
             continue
-        n = max(budget.min_per_task, min(budget.per_task, round(budget.candidates * (t.share or 0) / total_share)))
-        n = min(n, left)
-        outcome = search_task(t, policy, ev, store, run_id, n, deadline, budget, progress)
-        left -= outcome.candidates
-        out.append(outcome)
-    return out
+        s = TaskSearch(t, policy, store, rec)
+        if resume:
+            s.restore()
+        states.append(s)
+    spent = 0.0
+    done_at = [s.last_at for s in states if s.last_at is not None]
+    if done_at:  # the time the stopped run had already searched counts against --seconds
+        created = store.get_run(run_id).created_at
+        newest, created = max(done_at), created
+        if newest.tzinfo is None or created.tzinfo is None:
+            newest, created = newest.replace(tzinfo=timezone.utc), created.replace(tzinfo=timezone.utc)
+        spent = max(0.0, (newest - created).total_seconds())
+    deadline = time.monotonic() + budget.seconds - spent
+
+    def left() -> int:
+        return budget.candidates - sum(s.tried for s in states)
+
+    # probe: each task's first candidates, biggest share first
+    for s in states:
+        if s.stop is None and s.tried < budget.min_per_task:
+            if left() <= 0:
+                s.stop = "run budget spent"
+                continue
+            s.start()
+            s.run(min(budget.min_per_task, s.tried + left()), ev, deadline, budget, progress)
+    # the rest by share x headroom; the weights are stored, so a resumed run keeps them
+    live = [s for s in states if s.stop is None]
+    if live and any("weight" not in s.meta for s in live):
+        bandwidth = _bandwidth(states)
+        for s in live:
+            h = s.headroom(bandwidth)
+            s.set_meta(headroom=round(h, 4), weight=(s.task.share or 0.0) * h)
+    live.sort(key=lambda s: -s.meta["weight"])
+    for i, s in enumerate(live):
+        if "target" not in s.meta:
+            rest = sum(x.meta["weight"] for x in live[i:])
+            extra = round(max(0, left()) * s.meta["weight"] / rest) if rest > 0 else 0
+            s.set_meta(target=min(budget.per_task, s.tried + extra))
+        s.run(s.meta["target"], ev, deadline, budget, progress)
+        if s.stop is None:
+            s.stop = (f"budget ({s.tried} candidates for share x headroom "
+                      f"{s.task.share or 0.0:.2f} x {s.meta['headroom']:.2f})")
+    for s in states:
+        out[s.task.key] = s.finish(ev, "run budget spent")
+    return [out[t.key] for t in ranked]

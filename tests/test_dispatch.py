@@ -75,3 +75,24 @@ def test_a_failing_kernel_falls_back_unless_strict(swiglu, tmp_path):
     assert k.counters.fallbacks["error"] == 1 and k.counters.hits == 0
     with pytest.raises(OSError):
         GuardedKernel(art, strict=True)(g, u)
+
+
+class NormThenMean(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x, (64,)).exp().mean(-1)  # two reductions: two regions, chained
+
+
+def test_chained_regions_are_both_patched():
+    from forge.policy import RecipePolicy
+
+    model, x = NormThenMean(), torch.randn(32, 64)
+    pol, arts = RecipePolicy(), []
+    for t in build_tasks(capture(model, [x]).graph_module.graph):
+        spec = TaskSpec.of(t)
+        c = pol.render(spec, pol.propose(spec, None)[0])
+        arts.append(KernelArtifact(t.key, "cpu", build(c).path, c.entry, t.inputs, t.outputs, t.source))
+    assert len(arts) == 2  # the second region reads the first one's output
+    opt = apply(model, [x], arts)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x))
+    assert [c.hits for c in opt.counters().values()] == [1, 1]

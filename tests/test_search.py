@@ -1,0 +1,85 @@
+"""The cross-task budget: probe every task, then candidates by share x headroom, with explicit stop reasons.
+
+A synthetic evaluator stands in for the worker (the search's allocation is the subject, not the kernels):
+each task has a fixed eager time and roofline floor, and its k-th candidate takes eager / (1 + k * gain).
+The store is a real SQLite file, and the winners are really built (one trivial C kernel, cached).
+"""
+
+from collections.abc import Iterator
+
+from forge.capture import TensorMeta
+from forge.kernel import Candidate, EvalResult, Status, TaskSpec, Timing
+from forge.search import Budget, search
+from forge.store import Store
+from forge.tasks import Task
+
+SOURCE = '#include "forge_abi.h"\nextern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, ' \
+         'int n_out) { return 0; }\n'
+META = TensorMeta((1024,), "float32", (1,))  # 4 KiB in, 4 KiB out: 8192 floor bytes
+
+
+def task(key: str, share: float) -> Task:
+    return Task(key, "activation", ("aten.relu.default",), (META,), (META,), f"# {key}\n", 1, 100 * share, share)
+
+
+def timing(us: float) -> Timing:
+    return Timing(us, us, us, us, 0.0, 10)
+
+
+class Synthetic:
+    """Policy and evaluator in one: payloads are integers; task `key` has (eager us, floor us, gain)."""
+
+    name = "synthetic"
+    arch = None
+
+    def __init__(self, tasks: dict[str, tuple[float, float, float]]) -> None:
+        self.tasks = tasks
+        self.next: dict[str, int] = {}
+        self.evaluated: dict[str, int] = {}
+
+    def mine(self, spec: TaskSpec) -> str | None:
+        return None if spec.key in self.tasks else "not a synthetic task"
+
+    def propose(self, spec: TaskSpec, parent: object, feedback: str) -> list[int]:
+        n = self.next.get(spec.key, 0)
+        self.next[spec.key] = n + 3
+        return [n, n + 1, n + 2]
+
+    def render(self, spec: TaskSpec, payload: int) -> Candidate:
+        return Candidate("cpu", SOURCE)
+
+    def evaluate_many(self, spec: TaskSpec, cands: list[Candidate], seed: int = 0) -> Iterator[EvalResult]:
+        eager, floor, gain = self.tasks[spec.key]
+        for _ in cands:
+            k = self.evaluated[spec.key] = self.evaluated.get(spec.key, 0) + 1
+            yield EvalResult(Status.OK, timing=timing(max(floor, eager / (1 + k * gain))), baseline=timing(eager),
+                             floor_us=floor)
+
+
+def test_budget_goes_by_share_times_headroom_and_every_stop_is_explained(tmp_path):
+    # big share but little headroom; smaller shares with much headroom; one that reaches its floor
+    syn = Synthetic({"near-floor": (100.0, 80.0, 0.001), "headroom": (100.0, 10.0, 0.01),
+                     "some-headroom": (100.0, 40.0, 0.01), "fast": (100.0, 50.0, 1.0)})
+    tasks = [task("near-floor", 0.40), task("headroom", 0.25), task("some-headroom", 0.2), task("fast", 0.1),
+             task("tiny", 0.005), task("other", 0.045)]
+    store = Store(tmp_path / "f.db")
+    run = store.create_run("synthetic", device="cpu", policy="synthetic")
+    budget = Budget(candidates=30, per_task=16, min_per_task=2, parallel=2, patience=100, min_share=0.01)
+    out = {o.key: o for o in search(tasks, syn, syn, store, run.id, budget)}
+
+    assert out["other"].status == "not mine" and out["other"].stop_reason.startswith("not mine: ")
+    assert out["tiny"].status == "skipped" and out["tiny"].stop_reason == "share below --min-share"
+    assert out["fast"].stop_reason == "reached the roofline floor" and out["fast"].candidates == 2  # in its probe
+    # after the probes (2 each), 22 candidates by share x headroom: 0.25 x 0.9 > 0.2 x 0.6 > 0.4 x 0.2
+    n = {k: out[k].candidates for k in ("headroom", "some-headroom", "near-floor")}
+    assert n["headroom"] > n["some-headroom"] > n["near-floor"] >= 2, n
+    assert sum(o.candidates for o in out.values()) == 30
+    for k in n:
+        assert out[k].stop_reason.startswith(f"budget ({n[k]} candidates for share x headroom"), out[k].stop_reason
+        assert out[k].floor_us == syn.tasks[k][1] and out[k].eager_us == 100.0
+    assert out["headroom"].status == "improved" and out["headroom"].library  # the winner was built
+    assert out["near-floor"].status == "no gain"  # 100 -> ~99.8 us: under the 5% bar
+    stored = {t.key: t for t in store.get_tasks(run.id)}
+    assert all(t.state == "done" and t.stop_reason == out[t.key].stop_reason for t in stored.values())
+    assert stored["headroom"].meta["weight"] > stored["some-headroom"].meta["weight"]
+    assert stored["headroom"].meta["target"] == n["headroom"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from forge.bench import DEFAULT_BENCH, BenchConfig
 from forge.build import BuildPool, BuildResult
 from forge.checks import check
-from forge.kernel import Candidate, EvalResult, Status, TaskSpec
+from forge.kernel import Candidate, EvalResult, NoKernel, Status, TaskSpec
 from forge.worker import EvalRequest
 from forge.workers import Worker
 
@@ -65,7 +65,7 @@ class Evaluator:
         """Results in the order of `cands`; builds run in parallel ahead of the worker."""
         futures = []
         for c in cands:
-            problems = check(c)
+            problems = [(c.status, c.reason)] if isinstance(c, NoKernel) else check(c)
             futures.append(problems if problems else self.builds.submit(c))
         for i, (c, f) in enumerate(zip(cands, futures, strict=True)):
             if isinstance(f, list):

@@ -98,6 +98,23 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class NoKernel(Candidate):
+    """A node the policy could not write (refusal, empty or malformed answer, spent budget): fails unbuilt.
+
+    Its source is a comment with the reason, so the tree shows why; the evaluator answers `status`.
+    """
+
+    reason: str = ""
+    status: Status = Status.BAD_FORMAT
+
+    @classmethod
+    def because(cls, backend: str, reason: str) -> NoKernel:
+        """A failed node of the backend with this reason."""
+        comment = "#" if backend == "triton" else "//"
+        return cls(backend, f"{comment} forge: no kernel: " + reason.replace("\n", " ") + "\n", reason=reason)
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """What a worker needs of a task: the reference source and the tensor metadata. No tensors."""
 

@@ -1,0 +1,11 @@
+// sin(x) * cos(x) + erf(x) with a missing semicolon: does not build.
+#include <math.h>
+#include "forge_abi.h"
+extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {
+  int64_t n = 1
+  for (int d = 0; d < in[0].ndim; ++d) n *= in[0].shape[d];
+  const float* x = (const float*)in[0].data;
+  float* y = (float*)out[0].data;
+  for (int64_t i = 0; i < n; ++i) y[i] = sinf(x[i]) * cosf(x[i]) + erff(x[i]);
+  return 0;
+}

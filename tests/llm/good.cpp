@@ -1,0 +1,17 @@
+// sin(x) * cos(x) + erf(x) for any float32 tensor, FORGE_KNOB_BLOCK elements per OpenMP iteration.
+#include <math.h>
+#include "forge_abi.h"
+#define FORGE_KNOB_BLOCK 4096
+extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {
+  if (n_in != 1 || n_out != 1 || in[0].dtype != FORGE_FLOAT32) return 1;
+  int64_t n = 1;
+  for (int d = 0; d < in[0].ndim; ++d) n *= in[0].shape[d];
+  const float* x = (const float*)in[0].data;
+  float* y = (float*)out[0].data;
+#pragma omp parallel for
+  for (int64_t b = 0; b < n; b += FORGE_KNOB_BLOCK) {
+    int64_t e = b + FORGE_KNOB_BLOCK < n ? b + FORGE_KNOB_BLOCK : n;
+    for (int64_t i = b; i < e; ++i) y[i] = sinf(x[i]) * cosf(x[i]) + erff(x[i]);
+  }
+  return 0;
+}

@@ -1,0 +1,123 @@
+"""The review subcommands of `forge` (runs, tree, show, report, ui): argparse wiring and thin handlers."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from forge.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """A missing store, run, task or node is bad input: one line, exit 2."""
+    try:
+        yield
+    except (FileNotFoundError, KeyError) as e:
+        raise UserError(str(e.args[0]) if e.args else str(e)) from e
+
+
+def _store(args: argparse.Namespace) -> Any:
+    from forge.review.data import open_store
+
+    return open_store(args.db)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """forge runs: the run list."""
+    from forge.review.data import list_summaries
+    from forge.review.tree import print_runs
+
+    with _user_errors():
+        print_runs(list_summaries(_store(args), limit=args.limit or None))
+    return 0
+
+
+def cmd_tree(args: argparse.Namespace) -> int:
+    """forge tree: each task's search tree (or one task's)."""
+    from forge.review.data import find_run, find_task, task_view
+    from forge.review.tree import print_trees
+
+    with _user_errors():
+        store = _store(args)
+        run = find_run(store, args.run)
+        tasks = [find_task(store, run.id, args.task)] if args.task else store.get_tasks(run.id)
+        views = [task_view(store, t) for t in sorted(tasks, key=lambda t: -(t.share or 0.0))]
+        print_trees([v for v in views if v.nodes or args.task])
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """forge show: one node in full."""
+    from forge.review.data import find_run, node_detail
+    from forge.review.tree import print_node
+
+    with _user_errors():
+        store = _store(args)
+        run = find_run(store, args.run)
+        ref = args.node.lstrip("#")
+        if not ref.isdigit():
+            raise UserError(f"node must be a number as forge tree shows it (e.g. 42), not {args.node!r}")
+        print_node(node_detail(store, int(ref), run.id))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """forge report: the run's report in the terminal, and as HTML and/or JSON files."""
+    from forge.review.data import find_run, run_view
+    from forge.review.report import print_report, write_report
+
+    with _user_errors():
+        store = _store(args)
+        view = run_view(store, find_run(store, args.run))
+    print_report(view)
+    write_report(view, args.html, args.json)
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    """forge ui: the read-only web app on host:port until Ctrl-C."""
+    try:
+        import uvicorn
+
+        from forge.review.web import create_app
+    except ImportError as e:
+        raise UserError(f"forge ui needs the ui extra: pip install 'forge-kernels[ui]' ({e})") from e
+    with _user_errors():
+        store = _store(args)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s: anyone who can reach it can read every run", args.host)
+    print(f"forge ui: http://{args.host}:{args.port}/ (Ctrl-C stops)")
+    uvicorn.run(create_app(store), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def register(sub: Any, db_help: str = "store URL or SQLite path (default runs/forge.db)") -> None:
+    """Add the review subcommands to the `forge` subparsers."""
+
+    def add(name: str, help: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--db", help=db_help)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("runs", "list the runs in the store (model, device, policy, speedup, cost, state)", cmd_runs)
+    p.add_argument("--limit", type=int, default=0, help="newest N runs only (0: all)")
+    p = add("tree", "draw a run's search trees (status, speedup, visits; failed nodes with their reason)", cmd_tree)
+    p.add_argument("run", help="run id, a unique prefix of it, or 'last'")
+    p.add_argument("--task", metavar="KEY", help="only this task (its key or a unique prefix)")
+    p = add("show", "print one node: source, diff, build log, verification, timing, LLM prompt and answer", cmd_show)
+    p.add_argument("run", help="run id, a unique prefix of it, or 'last'")
+    p.add_argument("node", help="node id (as forge tree shows it, e.g. 42 or #42)")
+    p = add("report", "a run's report: end to end, tasks, op families, progress, cost", cmd_report)
+    p.add_argument("run", help="run id, a unique prefix of it, or 'last'")
+    p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p = add("ui", "serve the read-only review web app (needs the ui extra)", cmd_ui)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765)")

@@ -1,0 +1,302 @@
+"""The review's view of a run, gathered from the store: summaries, task trees, nodes, op-family times.
+
+Speedups follow the search's convention (forge/search.py): a task's eager time is the smallest baseline
+median measured alongside its candidates, its best time the smallest median of a passing candidate, and
+its speedup eager over best; a task counts as improved (and its kernel is shipped) when that is at least
+`IMPROVED`. A node's own speedup is its evaluation's baseline over its median (both timed interleaved, so load on
+the machine affects both alike); the best-so-far curve is the highest own speedup after each evaluated
+candidate. On a quiet machine it ends near the task's speedup.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from forge.store import (
+    DEFAULT_PATH,
+    CandidateRecord,
+    EvaluationRecord,
+    LLMCallRecord,
+    RunCost,
+    RunRecord,
+    Store,
+    TaskRecord,
+)
+
+log = logging.getLogger(__name__)
+
+IMPROVED = 1.05  # the search ships a task's winner only when best < eager / 1.05
+OTHER = "other"  # model time outside the stored tasks (tasks below --min-share are not stored)
+
+
+def open_store(db: str | Path | None) -> Store:
+    """Open an existing store for reading; raise FileNotFoundError rather than create an empty one."""
+    if db is None or "://" not in str(db):
+        path = Path(db) if db is not None else Path(DEFAULT_PATH)
+        if not path.is_file():
+            raise FileNotFoundError(f"no run store at {path} (pass --db PATH or URL)")
+    return Store(db)
+
+
+def find_run(store: Store, ref: str) -> RunRecord:
+    """The run with this id, unique id prefix, or "last"; KeyError otherwise."""
+    try:
+        return store.get_run(ref)
+    except KeyError:
+        pass
+    runs = store.list_runs()
+    if ref in ("last", "latest") and runs:
+        return runs[0]
+    matches = [r for r in runs if r.id.startswith(ref)]
+    if len(matches) != 1:
+        what = "no run" if not matches else f"{len(matches)} runs"
+        raise KeyError(f"{what} matching {ref!r} (forge runs lists them)")
+    return matches[0]
+
+
+def find_task(store: Store, run_id: str, ref: str) -> TaskRecord:
+    """The run's task with this key or unique key prefix; KeyError otherwise."""
+    tasks = store.get_tasks(run_id)
+    matches = [t for t in tasks if t.key == ref] or [t for t in tasks if t.key.startswith(ref)]
+    if len(matches) != 1:
+        what = "no task" if not matches else f"{len(matches)} tasks"
+        raise KeyError(f"{what} matching {ref!r} in run {run_id} (tasks: {', '.join(t.key for t in tasks)})")
+    return matches[0]
+
+
+# -- runs -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run as the run list shows it."""
+
+    run: RunRecord
+    cost: RunCost
+    wall_s: float  # created to finished (to now while it runs)
+
+    @property
+    def speedup(self) -> float | None:
+        """Eager over forge end to end, once measured."""
+        r = self.run
+        return r.eager_ms / r.forge_ms if r.eager_ms and r.forge_ms else None
+
+    @property
+    def applied(self) -> bool:
+        """Whether forge kept its kernels (optimize stores forge_ms = eager_ms when it keeps eager)."""
+        r = self.run
+        return bool(r.eager_ms and r.forge_ms and r.forge_ms < r.eager_ms)
+
+    def per_dollar(self) -> float | None:
+        """Speedup gained (speedup - 1) per dollar of LLM calls; None without cost or speedup."""
+        s = self.speedup
+        return (s - 1.0) / self.cost.usd if s is not None and self.cost.usd > 0 else None
+
+    def per_device_hour(self) -> float | None:
+        """Speedup gained (speedup - 1) per device-hour of evaluations."""
+        s = self.speedup
+        hours = self.cost.device_seconds / 3600.0
+        return (s - 1.0) / hours if s is not None and hours > 0 else None
+
+
+def summarize(store: Store, run: RunRecord) -> RunSummary:
+    """A run with its cost and wall time."""
+    end = run.finished_at or datetime.now(timezone.utc)
+    return RunSummary(run, store.run_cost(run.id), max(0.0, (end - run.created_at).total_seconds()))
+
+
+def list_summaries(store: Store, limit: int | None = None) -> list[RunSummary]:
+    """Every run, newest first, with cost and wall time."""
+    return [summarize(store, r) for r in store.list_runs(limit=limit)]
+
+
+# -- tasks and trees ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node of a task's tree with its latest evaluation."""
+
+    cand: CandidateRecord
+    evaluation: EvaluationRecord | None
+    depth: int
+    visits: int  # evaluations in its subtree, itself included (what MCTS backpropagation counts)
+    best: bool = False
+
+    @property
+    def baseline(self) -> bool:
+        """The root: eager PyTorch, not evaluated."""
+        return self.cand.origin == "baseline" or self.cand.backend == "eager"
+
+    @property
+    def status(self) -> str:
+        """The evaluation's status (the candidate's while none exists)."""
+        return self.evaluation.status if self.evaluation else self.cand.status
+
+    @property
+    def failed(self) -> bool:
+        """Evaluated and rejected."""
+        return self.evaluation is not None and self.evaluation.status != "ok"
+
+    @property
+    def speedup(self) -> float | None:
+        """Its own evaluation's baseline over median, if it passed."""
+        e = self.evaluation
+        return e.speedup if e is not None and e.status == "ok" else None
+
+    @property
+    def reason(self) -> str:
+        """Why it failed: status and the first line of the message ("" if it did not fail)."""
+        if not self.failed or self.evaluation is None:
+            return ""
+        first = (self.evaluation.message or "").strip().splitlines()
+        return f"{self.evaluation.status}: {first[0]}" if first else self.evaluation.status
+
+    def knobs_text(self) -> str:
+        """The knobs as k=v pairs."""
+        return " ".join(f"{k}={v}" for k, v in self.cand.knobs.items())
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """A task with its tree and the search's results on it."""
+
+    task: TaskRecord
+    nodes: tuple[NodeView, ...]  # tree order: depth first, parent before children
+    eager_us: float | None
+    best_us: float | None
+    best_id: int | None
+    curve: tuple[float | None, ...]  # best speedup so far after each evaluated candidate
+
+    @property
+    def speedup(self) -> float | None:
+        """Eager over best, when both were measured."""
+        return self.eager_us / self.best_us if self.eager_us and self.best_us else None
+
+    @property
+    def tried(self) -> int:
+        """Candidates evaluated."""
+        return sum(1 for n in self.nodes if n.evaluation is not None)
+
+    @property
+    def failed(self) -> int:
+        """Candidates rejected."""
+        return sum(1 for n in self.nodes if n.failed)
+
+    @property
+    def improved(self) -> bool:
+        """The search would ship this task's winner."""
+        return self.speedup is not None and self.speedup >= IMPROVED
+
+
+def task_view(store: Store, task: TaskRecord) -> TaskView:
+    """Gather a task's tree, evaluations and best-so-far curve."""
+    cands = store.candidates(task.id)
+    evals = {c.id: (store.evaluations(c.id) or [None])[-1] for c in cands}
+    subtree = {c.id: int(evals[c.id] is not None) for c in cands}
+    for c in reversed(cands):  # tree order reversed: children are summed before their parent
+        if c.parent_id in subtree:
+            subtree[c.parent_id] += subtree[c.id]
+    depth: dict[int, int] = {}
+    for c in cands:  # tree order: a parent's depth is known before its children's
+        depth[c.id] = depth[c.parent_id] + 1 if c.parent_id in depth else 0
+    done = sorted((e for e in evals.values() if e is not None), key=lambda e: e.id)  # in evaluation order
+    eager = min((e.baseline_us_median for e in done if e.baseline_us_median), default=None)
+    best: float | None = None
+    best_id = None
+    curve: list[float | None] = []  # the highest own speedup so far (each against eager timed alongside it)
+    for e in done:
+        if e.status == "ok" and e.time_us_median and (best is None or e.time_us_median < best):
+            best, best_id = e.time_us_median, e.candidate_id
+        so_far = [v for v in (e.speedup if e.status == "ok" else None, curve[-1] if curve else None) if v is not None]
+        curve.append(max(so_far) if so_far else None)
+    nodes = tuple(NodeView(c, evals[c.id], depth[c.id], max(c.visits, subtree[c.id]), c.id == best_id)
+                  for c in cands)
+    return TaskView(task, nodes, eager, best, best_id, tuple(curve))
+
+
+@dataclass(frozen=True)
+class RunView:
+    """Everything the report and the run page show about one run."""
+
+    summary: RunSummary
+    tasks: tuple[TaskView, ...]  # biggest share first
+
+    @property
+    def run(self) -> RunRecord:
+        """The run record."""
+        return self.summary.run
+
+    def families(self) -> list[tuple[str, float, float]]:
+        """(op family, ms before, ms after) of the profiled model time, biggest first.
+
+        Before is the tasks' profiled time; after divides each shipped task's time by its speedup (only
+        when forge kept its kernels). Time outside the stored tasks is `OTHER`.
+        """
+        before: dict[str, float] = {}
+        after: dict[str, float] = {}
+        total = next((t.task.ms / t.task.share for t in self.tasks if t.task.ms and t.task.share), None)
+        for t in self.tasks:
+            ms = t.task.ms or 0.0
+            fam = t.task.family or "?"
+            shipped = self.summary.applied and t.improved and t.speedup
+            before[fam] = before.get(fam, 0.0) + ms
+            after[fam] = after.get(fam, 0.0) + (ms / t.speedup if shipped and t.speedup else ms)
+        if total is not None and total - sum(before.values()) > 1e-9:
+            before[OTHER] = after[OTHER] = total - sum(before.values())
+        return sorted(((f, before[f], after[f]) for f in before), key=lambda r: (r[0] == OTHER, -r[1]))
+
+    def version(self) -> str:
+        """Changes whenever the run gains a node or evaluation or changes state (for live updates)."""
+        n = sum(len(t.nodes) for t in self.tasks)
+        return f"{self.run.state}:{len(self.tasks)}:{n}:{self.summary.cost.evaluations}"
+
+
+def run_view(store: Store, run: RunRecord) -> RunView:
+    """Gather a run's summary and every task's tree."""
+    tasks = sorted(store.get_tasks(run.id), key=lambda t: -(t.share or 0.0))
+    return RunView(summarize(store, run), tuple(task_view(store, t) for t in tasks))
+
+
+# -- one node -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeDetail:
+    """One node with everything `forge show` and the UI's node panel show."""
+
+    run: RunRecord
+    task: TaskRecord
+    node: CandidateRecord
+    parent: CandidateRecord | None
+    evaluations: tuple[EvaluationRecord, ...]
+    llm_calls: tuple[LLMCallRecord, ...]
+
+    @property
+    def evaluation(self) -> EvaluationRecord | None:
+        """The latest evaluation."""
+        return self.evaluations[-1] if self.evaluations else None
+
+    def diff(self) -> str:
+        """Unified diff of the source against the parent's ("" for a root)."""
+        if self.parent is None:
+            return ""
+        lines = difflib.unified_diff(self.parent.source.splitlines(keepends=True),
+                                     self.node.source.splitlines(keepends=True),
+                                     f"#{self.parent.id}", f"#{self.node.id}")
+        return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def node_detail(store: Store, candidate_id: int, run_id: str | None = None) -> NodeDetail:
+    """Gather one node; KeyError if it does not exist (or is not in run_id)."""
+    node = store.get_candidate(candidate_id)
+    task = store.get_task(node.task_id)
+    if run_id is not None and task.run_id != run_id:
+        raise KeyError(f"node {candidate_id} belongs to run {task.run_id}, not {run_id}")
+    parent = store.get_candidate(node.parent_id) if node.parent_id is not None else None
+    calls = tuple(c for c in store.llm_calls(task.run_id) if c.candidate_id == candidate_id)
+    return NodeDetail(store.get_run(task.run_id), task, node, parent, tuple(store.evaluations(candidate_id)), calls)

@@ -1,0 +1,178 @@
+"""Small inline SVG charts (no JavaScript, no network): bars, stacked bars, step lines, timing ranges.
+
+Every label is escaped; the charts are plain strings to drop into HTML.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d", "#bab0ac",
+           "#ff9da6")
+GREY = "#bab0ac"
+FONT = 'font-family="system-ui, sans-serif" font-size="12"'
+
+
+def esc(value: object) -> str:
+    """HTML-escape anything (quotes included, so it is safe in attributes too)."""
+    return html.escape(str(value), quote=True)
+
+
+def colour(name: str, names: Sequence[str]) -> str:
+    """A stable colour for name among names ("other" is grey)."""
+    if name == "other":
+        return GREY
+    return PALETTE[list(names).index(name) % len(PALETTE)] if name in names else GREY
+
+
+def _svg(width: int, height: int, title: str, body: list[str]) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}" {FONT}>'
+            f"<title>{esc(title)}</title>{''.join(body)}</svg>")
+
+
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About n round values covering [lo, hi]."""
+    if hi <= lo:
+        hi = lo + 1.0
+    raw = (hi - lo) / n
+    step = 10 ** math.floor(math.log10(raw))
+    step *= next(m for m in (1, 2, 2.5, 5, 10) if m * step >= raw)
+    first, last = math.floor(lo / step) * step, math.ceil(hi / step - 1e-9) * step
+    return [round(first + i * step, 10) for i in range(round((last - first) / step) + 1)]
+
+
+def hbars(rows: Sequence[tuple[str, float]], unit: str, title: str, width: int = 640) -> str:
+    """One horizontal bar per (label, value)."""
+    left, right, bar, gap = 120, 90, 22, 10
+    height = 10 + len(rows) * (bar + gap)
+    top = max((v for _, v in rows), default=1.0) or 1.0
+    body = []
+    for i, (label, value) in enumerate(rows):
+        y = 5 + i * (bar + gap)
+        w = (width - left - right) * value / top
+        body.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{esc(label)}</text>'
+                    f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar}" fill="{PALETTE[i % 2]}"/>'
+                    f'<text x="{left + w + 6:.1f}" y="{y + bar / 2 + 4}">{value:.3f} {esc(unit)}</text>')
+    return _svg(width, height, title, body)
+
+
+def stacked(rows: Sequence[tuple[str, Sequence[tuple[str, float]]]], unit: str, title: str, width: int = 640) -> str:
+    """One horizontal bar per row, split into (segment, value) parts, with a legend of the segments."""
+    left, right, bar, gap = 120, 90, 26, 12
+    names = list(dict.fromkeys(seg for _, parts in rows for seg, _ in parts))
+    legend_rows = math.ceil(len(names) / 4)
+    height = 10 + len(rows) * (bar + gap) + legend_rows * 20 + 6
+    top = max((sum(v for _, v in parts) for _, parts in rows), default=1.0) or 1.0
+    scale = (width - left - right) / top
+    body = []
+    for i, (label, parts) in enumerate(rows):
+        y = 5 + i * (bar + gap)
+        x = float(left)
+        body.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{esc(label)}</text>')
+        for seg, value in parts:
+            w = value * scale
+            body.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar}" fill="{colour(seg, names)}">'
+                        f"<title>{esc(seg)}: {value:.3f} {esc(unit)}</title></rect>")
+            x += w
+        total = sum(v for _, v in parts)
+        body.append(f'<text x="{x + 6:.1f}" y="{y + bar / 2 + 4}">{total:.3f} {esc(unit)}</text>')
+    y0 = 10 + len(rows) * (bar + gap)
+    for j, seg in enumerate(names):
+        x, y = left + (j % 4) * ((width - left) // 4), y0 + (j // 4) * 20
+        body.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colour(seg, names)}"/>'
+                    f'<text x="{x + 16}" y="{y + 10}">{esc(seg)}</text>')
+    return _svg(width, height, title, body)
+
+
+def step_lines(series: Sequence[tuple[str, Sequence[float | None]]], title: str, xlabel: str, ylabel: str,
+               width: int = 640, height: int = 280) -> str:
+    """Step lines of y against 1..n per series (None: no value yet), with a dashed line at y = 1."""
+    left, right, top, bottom = 56, 16, 12, 44
+    names = [name for name, _ in series]
+    legend_rows = math.ceil(len(names) / 3)
+    height += legend_rows * 18
+    values = [v for _, ys in series for v in ys if v is not None] + [1.0]
+    lo, hi = min(values), max(values)
+    pad = 0.08 * (hi - lo or 1.0)
+    yt = _ticks(max(0.0, lo - pad), hi + pad)
+    ylo, yhi = yt[0], yt[-1]
+    n = max((len(ys) for _, ys in series), default=1) or 1
+    pw, ph = width - left - right, height - top - bottom - legend_rows * 18
+
+    def px(i: float) -> float:
+        return left + pw * (i - 1) / max(n - 1, 1)
+
+    def py(v: float) -> float:
+        return top + ph * (1 - (v - ylo) / ((yhi - ylo) or 1.0))
+
+    body = [f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>']
+    for t in yt:
+        body.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
+                    f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
+    for i in _ticks(1, n, min(n, 8)):
+        if float(i).is_integer() and 1 <= i <= n:
+            body.append(f'<text x="{px(i):.1f}" y="{top + ph + 16}" text-anchor="middle">{int(i)}</text>')
+    body.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(1.0):.1f}" y2="{py(1.0):.1f}" stroke="#888" '
+                f'stroke-dasharray="4 3"/>'
+                f'<text x="{left + pw / 2}" y="{top + ph + 34}" text-anchor="middle">{esc(xlabel)}</text>'
+                f'<text x="14" y="{top + ph / 2}" text-anchor="middle" transform="rotate(-90 14 {top + ph / 2})">'
+                f"{esc(ylabel)}</text>")
+    for name, ys in series:
+        c = colour(name, names)
+        pts: list[tuple[float, float]] = []
+        for i, v in enumerate(ys, 1):
+            if v is None:
+                continue
+            if pts:
+                pts.append((px(i), pts[-1][1]))
+            pts.append((px(i), py(v)))
+        if pts:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+            body.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"/>')
+        for i, v in enumerate(ys, 1):
+            if v is not None:
+                body.append(f'<circle cx="{px(i):.1f}" cy="{py(v):.1f}" r="3" fill="{c}">'
+                            f"<title>{esc(name)}: {v:.2f}x after {i}</title></circle>")
+    y0 = height - legend_rows * 18 - 4
+    for j, name in enumerate(names):
+        x, y = left + (j % 3) * (pw // 3), y0 + (j // 3) * 18
+        body.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colour(name, names)}"/>'
+                    f'<text x="{x + 16}" y="{y + 10}">{esc(name)}</text>')
+    return _svg(width, height, title, body)
+
+
+def ranges(rows: Sequence[tuple[str, dict[str, float]]], unit: str, title: str, width: int = 640) -> str:
+    """Timing distributions: per row a p10..p90 box, the median as a bar, the mean as a dot."""
+    left, right, bar, gap = 90, 16, 22, 26
+    height = 10 + len(rows) * (bar + gap) + 20
+    vals = [v for _, d in rows for k, v in d.items() if k in ("p10", "p90", "median", "mean") and v is not None]
+    hi = _ticks(0.0, max(vals, default=1.0) * 1.02 or 1.0)[-1]
+    pw = width - left - right
+
+    def px(v: float) -> float:
+        return left + pw * v / hi
+
+    body = []
+    for t in _ticks(0.0, hi):
+        body.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="5" y2="{height - 24}" stroke="#eee"/>'
+                    f'<text x="{px(t):.1f}" y="{height - 8}" text-anchor="middle">{t:g}</text>')
+    for i, (label, d) in enumerate(rows):
+        y = 5 + i * (bar + gap)
+        c = PALETTE[i % len(PALETTE)]
+        body.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{esc(label)}</text>')
+        if d.get("p10") is not None and d.get("p90") is not None:
+            body.append(f'<rect x="{px(d["p10"]):.1f}" y="{y}" width="{px(d["p90"]) - px(d["p10"]):.1f}" '
+                        f'height="{bar}" fill="{c}" fill-opacity="0.35" stroke="{c}">'
+                        f'<title>p10 {d["p10"]:.2f} .. p90 {d["p90"]:.2f} {esc(unit)}</title></rect>')
+        if d.get("median") is not None:
+            body.append(f'<line x1="{px(d["median"]):.1f}" x2="{px(d["median"]):.1f}" y1="{y - 3}" '
+                        f'y2="{y + bar + 3}" stroke="{c}" stroke-width="3"/>'
+                        f'<text x="{px(d["median"]):.1f}" y="{y + bar + 15}" text-anchor="middle">'
+                        f'median {d["median"]:.2f} {esc(unit)}</text>')
+        if d.get("mean") is not None:
+            body.append(f'<circle cx="{px(d["mean"]):.1f}" cy="{y + bar / 2}" r="4" fill="#333">'
+                        f'<title>mean {d["mean"]:.2f} {esc(unit)}</title></circle>')
+    return _svg(width, height, title, body)

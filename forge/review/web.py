@@ -1,0 +1,191 @@
+"""forge ui: a read-only web app over the run store (FastAPI; `forge ui` serves it with uvicorn).
+
+Pages: the run list, a run page (the report's tables and charts, linked to tasks) and a task page whose
+tree (drawn by static/forge.js) opens a node's code, diff, logs, timing and LLM text on click. Pages of a
+running run poll a small JSON version endpoint and refresh themselves when it changes.
+
+Important: only GET routes exist; every store value is escaped on the server (html.py) or set as text by
+the script; the Content-Security-Policy allows scripts from this app only, so nothing is fetched elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from forge.review import html
+from forge.review.data import (
+    NodeDetail,
+    TaskView,
+    find_run,
+    list_summaries,
+    node_detail,
+    run_view,
+    summarize,
+    task_view,
+)
+from forge.review.report import report_json
+from forge.review.svg import esc
+from forge.store import Store
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def tree_json(t: TaskView, run_state: str) -> dict[str, Any]:
+    """A task's tree for the page script: one entry per node, parents first."""
+    nodes = [{"id": n.cand.id, "parent_id": n.cand.parent_id, "depth": n.depth, "status": n.status,
+              "baseline": n.baseline, "failed": n.failed, "best": n.best, "speedup": n.speedup, "visits": n.visits,
+              "knobs": n.knobs_text(), "reason": n.reason, "origin": n.cand.origin} for n in t.nodes]
+    version = f"{run_state}:{t.task.state}:{len(nodes)}:{t.tried}"
+    return {"task": {"id": t.task.id, "key": t.task.key, "family": t.task.family, "state": t.task.state,
+                     "stop_reason": t.task.stop_reason, "speedup": t.speedup, "tried": t.tried, "failed": t.failed,
+                     "best_node": t.best_id},
+            "run_state": run_state, "version": version, "nodes": nodes}
+
+
+def node_json(d: NodeDetail) -> dict[str, Any]:
+    """A node in full, as JSON."""
+    n = d.node
+    return {"id": n.id, "task_id": n.task_id, "task": d.task.key, "run_id": d.run.id, "parent_id": n.parent_id,
+            "backend": n.backend, "entry": n.entry, "origin": n.origin, "status": n.status, "knobs": n.knobs,
+            "visits": n.visits, "reward": n.reward, "source": n.source, "diff": d.diff(),
+            "evaluations": [{"id": e.id, "status": e.status, "message": e.message, "build_log": e.build_log,
+                             "verify": e.verify, "time_us_median": e.time_us_median,
+                             "time_us_spread": e.time_us_spread, "baseline_us_median": e.baseline_us_median,
+                             "speedup": e.speedup, "device": e.device, "device_seconds": e.device_seconds}
+                            for e in d.evaluations],
+            "llm_calls": [{"id": c.id, "provider": c.provider, "model": c.model, "status": c.status,
+                           "prompt": c.prompt, "response": c.response, "tokens_in": c.tokens_in,
+                           "tokens_out": c.tokens_out, "usd": c.usd, "latency_s": c.latency_s} for c in d.llm_calls]}
+
+
+def _nav(*crumbs: tuple[str, str]) -> str:
+    links = ['<a href="/">runs</a>'] + [f'<a href="{esc(href)}">{esc(label)}</a>' if href else esc(label)
+                                        for label, href in crumbs]
+    return "<nav>forge ui: " + " / ".join(links) + "</nav>"
+
+
+def _live_attrs(version_url: str, fragment_url: str, version: str, running: bool) -> str:
+    return (f'data-poll="{esc(version_url)}" data-fragment="{esc(fragment_url)}" data-version="{esc(version)}" '
+            f'data-running="{"1" if running else "0"}"')
+
+
+def create_app(store: Store) -> FastAPI:
+    """The app over one store; it only reads."""
+    app = FastAPI(title="forge ui", docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.middleware("http")
+    async def headers(request: Request, call_next: Any) -> Response:
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+    @app.exception_handler(KeyError)
+    async def not_found(request: Request, exc: KeyError) -> Response:
+        message = str(exc.args[0]) if exc.args else "not found"
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": message}, status_code=404)
+        return PlainTextResponse(message, status_code=404)
+
+    def runs_version() -> tuple[str, bool]:
+        runs = store.list_runs()
+        return ";".join(f"{r.id}:{r.state}:{r.forge_ms}" for r in runs), any(r.state == "running" for r in runs)
+
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return Response(status_code=204)
+
+    # -- JSON -------------------------------------------------------------------------------------
+
+    @app.get("/api/runs")
+    def api_runs() -> dict[str, Any]:
+        version, running = runs_version()
+        return {"version": version, "running": running, "runs": [
+            {"id": s.run.id, "model": s.run.model, "device": s.run.device, "dtype": s.run.dtype,
+             "policy": s.run.policy, "state": s.run.state, "created_at": s.run.created_at.isoformat(),
+             "eager_ms": s.run.eager_ms, "forge_ms": s.run.forge_ms, "speedup": s.speedup, "wall_seconds": s.wall_s,
+             "usd": s.cost.usd, "device_seconds": s.cost.device_seconds} for s in list_summaries(store)]}
+
+    @app.get("/api/runs/{run_id}")
+    def api_run(run_id: str) -> dict[str, Any]:
+        view = run_view(store, find_run(store, run_id))
+        return {**report_json(view), "version": view.version()}
+
+    @app.get("/api/runs/{run_id}/tasks/{task_id}")
+    def api_task(run_id: str, task_id: int) -> dict[str, Any]:
+        run, task = find_run(store, run_id), store.get_task(task_id)
+        if task.run_id != run.id:
+            raise KeyError(f"task {task_id} is not in run {run.id}")
+        return tree_json(task_view(store, task), run.state)
+
+    @app.get("/api/nodes/{node_id}")
+    def api_node(node_id: int) -> dict[str, Any]:
+        return node_json(node_detail(store, node_id))
+
+    # -- HTML fragments (escaped on the server; the page script swaps them in) ---------------------
+
+    @app.get("/fragments/runs", response_class=HTMLResponse)
+    def frag_runs() -> str:
+        return html.runs_table(list_summaries(store))
+
+    @app.get("/fragments/runs/{run_id}", response_class=HTMLResponse)
+    def frag_run(run_id: str) -> str:
+        return html.run_sections(run_view(store, find_run(store, run_id)), link=True)
+
+    @app.get("/fragments/nodes/{node_id}", response_class=HTMLResponse)
+    def frag_node(node_id: int) -> str:
+        return html.node_panel(node_detail(store, node_id))
+
+    # -- pages ------------------------------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse)
+    def page_runs() -> str:
+        version, running = runs_version()
+        body = (f'{_nav()}<h1>Runs <span class="live" id="live"></span></h1><div id="content">'
+                f"{html.runs_table(list_summaries(store))}</div>")
+        return html.page("forge runs", body, inline_css=False, scripts=["/static/forge.js"],
+                         body_attrs=_live_attrs("/api/runs", "/fragments/runs", version, running))
+
+    @app.get("/runs/{run_id}", response_class=HTMLResponse)
+    def page_run(run_id: str) -> str:
+        view = run_view(store, find_run(store, run_id))
+        rid = view.run.id
+        body = (f'{_nav((rid, ""))}<p class="live" id="live"></p><div id="content">'
+                f"{html.run_sections(view, link=True)}</div>")
+        attrs = _live_attrs(f"/api/runs/{rid}", f"/fragments/runs/{rid}", view.version(), view.run.state == "running")
+        return html.page(f"forge run {rid}", body, inline_css=False, scripts=["/static/forge.js"], body_attrs=attrs)
+
+    @app.get("/runs/{run_id}/tasks/{task_id}", response_class=HTMLResponse)
+    def page_task(run_id: str, task_id: int) -> str:
+        run, task = find_run(store, run_id), store.get_task(task_id)
+        if task.run_id != run.id:
+            raise KeyError(f"task {task_id} is not in run {run.id}")
+        view = task_view(store, task)
+        summary = summarize(store, run)
+        body = (f'{_nav((run.id, f"/runs/{run.id}"), (task.key, ""))}'
+                f'<h1>task {esc(task.key)} <span class="live" id="live"></span></h1>'
+                f'<div id="task-summary">{html.task_summary(view)}</div>'
+                f'<p class="note">{esc(run.model)} on {esc(run.device)}, run speedup '
+                f"{esc(html.fmt_x(summary.speedup))}. Click a node to see its code, diff, logs, timing and "
+                "prompt. Green: passed (gold ring: the best), red: rejected, grey: the eager baseline.</p>"
+                '<div class="task-layout"><div id="tree"></div><div id="panel"><p class="empty">Select a node.'
+                "</p></div></div>"
+                f"<h2>Reference (eager PyTorch)</h2><pre class=\"code\">{esc(task.source)}</pre>")
+        attrs = (f'data-tree="/api/runs/{esc(run.id)}/tasks/{task.id}" '
+                 f'data-running="{"1" if run.state == "running" else "0"}"')
+        return html.page(f"forge task {task.key}", body, inline_css=False, scripts=["/static/forge.js"],
+                         body_attrs=attrs)
+
+    return app

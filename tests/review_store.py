@@ -1,0 +1,107 @@
+"""Shared by the review tests: one small real search (made once per session) and `forge ui` on a free port.
+
+The store comes from `optimize` on examples/rmsnorm_swiglu.py on the CPU with a budget of 8 candidates
+(real g++ builds, real worker processes). One hostile node is then added to it through the Store API, as a
+child of a real candidate: its source, message, build log and LLM prompt/answer hold HTML and script, to
+check that every view shows them as text.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from conftest import EXAMPLES, ROOT
+
+HOSTILE_SOURCE = '// </pre><script>alert("source")</script>\nint forge_launch() { return "<b>"; }\n'
+HOSTILE_MESSAGE = '<img src=x onerror=alert("message")> [bold red]not markup[/]'
+HOSTILE_LOG = "error: <script>alert('log')</script>"
+
+
+@dataclass(frozen=True)
+class ReviewStore:
+    """Where the store is and what is in it."""
+
+    db: Path
+    run_id: str
+    report: dict  # OptimizeReport.to_json() of the search
+    task_id: int  # the searched task with the biggest share (the hostile node is in it)
+    hostile_id: int  # the node whose texts hold HTML and script
+
+
+@functools.cache
+def review_store(folder: Path) -> ReviewStore:
+    """Run the small search into folder/forge.db (once per folder) and add the hostile node."""
+    from forge.model_input import load_file
+    from forge.optimize import optimize
+    from forge.search import Budget
+    from forge.store import Store
+
+    folder.mkdir(parents=True, exist_ok=True)
+    store = Store(folder / "forge.db")
+    budget = Budget(candidates=8, per_task=4, min_per_task=4, parallel=2, seconds=300.0)
+    report = optimize(load_file(EXAMPLES / "rmsnorm_swiglu.py"), store, budget=budget, runs_dir=folder / "runs")
+    searched = [t for t in report.tasks if t.candidates]
+    task = next(t for t in store.get_tasks(report.run_id) if t.key == searched[0].key)
+    parent = max(store.candidates(task.id), key=lambda c: (c.status == "ok" and c.backend == "cpu", c.reward or -1))
+    bad = store.add_candidate(task.id, parent.id, backend="cpu", source=HOSTILE_SOURCE, entry="forge_launch",
+                              knobs={"note": "<i>knob</i>"}, origin="llm:test:hostile", status="build_error",
+                              visits=1, reward=-1.0)
+    store.add_evaluation(bad.id, status="build_error", message=HOSTILE_MESSAGE, build_log=HOSTILE_LOG,
+                         device="cpu", device_seconds=0.0)
+    store.add_llm_call(report.run_id, provider="test", model="hostile", request_hash="h0", task_id=task.id,
+                       candidate_id=bad.id, prompt="write <b>a kernel</b> for <script>alert('prompt')</script>",
+                       response="```c\n<script>alert('answer')</script>\n```", tokens_in=120, tokens_out=80,
+                       usd=0.0125, latency_s=1.5)
+    return ReviewStore(folder / "forge.db", report.run_id, report.to_json(), task.id, bad.id)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class UI:
+    """A `forge ui` process and its base URL."""
+
+    proc: subprocess.Popen
+    url: str
+
+    def stop(self) -> None:
+        """Stop the server (it is our own child process)."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_ui(db: Path, log: Path) -> UI:
+    """Start `forge ui --db db` on a free port of 127.0.0.1 and wait until it answers."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = log.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "ui", "--db", str(db), "--port", str(port)],
+                            stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"forge ui exited with {proc.returncode}: {log.read_text()}")
+        try:
+            with urllib.request.urlopen(url + "/api/runs", timeout=2):
+                return UI(proc, url)
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"forge ui did not answer within 60 s: {log.read_text()}")

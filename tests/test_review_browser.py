@@ -1,0 +1,140 @@
+"""forge ui and the HTML report in a real browser (Playwright driving Debian's chromium at /usr/bin/chromium).
+
+The app is `forge ui` on 127.0.0.1 over the store of a small real search (review_store.py). Skipped only
+where chromium or the playwright package is absent; `.ci/run` installs both.
+"""
+
+import time
+from pathlib import Path
+
+import pytest
+from review_store import HOSTILE_SOURCE, review_store, start_ui
+
+from forge.cli import main
+from forge.store import Store
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists():
+    pytest.skip(f"no chromium at {CHROMIUM} (Debian: apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed ('.[dev]')")
+
+@pytest.fixture(scope="module")
+def rs(tmp_path_factory):
+    return review_store(tmp_path_factory.getbasetemp() / "review")
+
+
+@pytest.fixture(scope="module")
+def ui(rs, tmp_path_factory):
+    server = start_ui(rs.db, tmp_path_factory.mktemp("ui") / "ui.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM))  # Debian's chromium, not a downloaded one
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page that records dialogs (a script that ran) and requests that left the app."""
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    pg = context.new_page()
+    pg.dialogs, pg.outside = [], []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pg.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1:", "file://", "data:"))
+          else pg.outside.append(r.url))
+    yield pg
+    context.close()
+
+
+def test_open_a_run_click_a_node_and_see_its_code(rs, ui, page, tmp_path):
+    page.goto(ui.url + "/")
+    page.click(f"a[href='/runs/{rs.run_id}']")
+    page.wait_for_selector("h1:has-text('run')")
+    assert page.locator("section svg").count() == 3  # end to end, op families, best speedup so far
+    key = Store(rs.db).get_task(rs.task_id).key
+    page.click(f"a:text-is('{key}')")
+    page.wait_for_selector("#tree svg .node")
+    store = Store(rs.db)
+    best = max((c for c in store.candidates(rs.task_id) if c.status == "ok" and c.backend == "cpu"),
+               key=lambda c: c.reward or -1.0)
+    assert page.locator("#tree .node").count() == len(store.candidates(rs.task_id))
+    page.click(f"#tree .node[data-id='{best.id}']")
+    page.wait_for_selector(f"#panel .node[data-node='{best.id}']")
+    code = page.inner_text("#panel pre.code")
+    assert code.strip() == best.source.strip() and "forge_launch" in code
+    panel = page.inner_text("#panel")
+    assert "Diff against parent" in panel and "Build log" in panel and "Verification" in panel
+    assert page.locator("#panel svg").count() == 1  # the timing distribution
+    assert page.locator(f"#tree .node.selected[data-id='{best.id}']").count() == 1
+    assert page.url.endswith(f"#node-{best.id}")
+    shot = tmp_path / "task.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not page.dialogs and not page.outside
+
+
+def test_script_in_a_candidate_renders_as_text(rs, ui, page):
+    page.goto(f"{ui.url}/runs/{rs.run_id}/tasks/{rs.task_id}#node-{rs.hostile_id}")  # opens the node on load
+    page.wait_for_selector(f"#panel .node[data-node='{rs.hostile_id}']")
+    assert page.inner_text("#panel pre.code").strip() == HOSTILE_SOURCE.strip()
+    panel = page.inner_text("#panel")
+    assert "<img src=x onerror=alert(\"message\")>" in panel and "alert('log')" in panel
+    assert "<script>alert('prompt')</script>" in panel and "alert('answer')" in panel
+    assert page.locator("#panel script, #panel img, #panel b, #panel i").count() == 0
+    assert "build_error" in page.text_content(f"#tree .node[data-id='{rs.hostile_id}'] text")
+    assert not page.dialogs and not page.outside
+
+
+def test_html_report_reads_with_no_network(rs, page, tmp_path, capsys):
+    out = tmp_path / "report.html"
+    assert main(["report", rs.run_id, "--db", str(rs.db), "--html", str(out)]) == 0
+    capsys.readouterr()
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://") else route.abort())
+    page.goto(out.as_uri())
+    assert page.locator("svg").count() == 3
+    assert all(page.locator("svg").nth(i).bounding_box()["height"] > 40 for i in range(3))
+    assert rs.run_id in page.inner_text("h1")
+    page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+    assert (tmp_path / "report.png").stat().st_size > 20_000
+    assert not page.dialogs and not page.outside
+
+
+def test_a_running_search_updates_live(page, tmp_path):
+    store = Store(tmp_path / "live.db")  # what a search does as it goes: a running run gains nodes
+    run = store.create_run("examples/live.py", device="cpu", dtype="fp32", policy="recipes")
+    task = store.add_task(run.id, "silu-live", family="activation", ms=1.0, share=0.5, state="running")
+    root = store.add_candidate(task.id, None, backend="eager", source="def region(x): ...", origin="baseline",
+                               status="ok")
+    ui = start_ui(tmp_path / "live.db", tmp_path / "ui.log")
+    try:
+        _watch_live(store, run, task, root, ui.url, page)
+    finally:
+        ui.stop()
+    assert not page.dialogs and not page.outside
+
+
+def _watch_live(store, run, task, root, url, page):
+    page.goto(f"{url}/runs/{run.id}/tasks/{task.id}")
+    page.wait_for_selector(f"#tree .node[data-id='{root.id}']")
+    assert "updating live" in page.inner_text("#live")
+    child = store.add_candidate(task.id, root.id, backend="cpu", source="int forge_launch() { return 0; }",
+                                origin="recipes", status="ok", visits=1, reward=0.4)
+    store.add_evaluation(child.id, status="ok", time_us_median=10.0, baseline_us_median=15.0)
+    page.wait_for_selector(f"#tree .node[data-id='{child.id}']", timeout=15_000)
+    assert "1.50x" in page.text_content(f"#tree .node[data-id='{child.id}'] text")
+
+    page.goto(f"{url}/runs/{run.id}")
+    assert "updating live" in page.inner_text("#live")
+    store.add_task(run.id, "mean-live", family="normalization", ms=0.5, share=0.25)
+    page.wait_for_selector("a:text-is('mean-live')", timeout=15_000)
+    store.update_task(task.id, state="done", stop_reason="budget")
+    store.update_run(run.id, state="done", eager_ms=2.0, forge_ms=1.6)
+    deadline = time.monotonic() + 15
+    while "updating live" in page.inner_text("#live") and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    assert page.inner_text("#live") == "" and "1.25x" in page.inner_text("#content")

@@ -7,6 +7,7 @@ once on the CPU cores; the device worker verifies and times each as soon as it i
 
     python benchmarks/eval_throughput.py --device cuda --n 64
     python benchmarks/eval_throughput.py --device cpu --n 8
+    python benchmarks/eval_throughput.py --device cuda --n 64 --recipes   # forge's generated kernels
 
 Prints a table: candidates, median and p90 build seconds, passed, wall seconds, candidates per minute.
 """
@@ -105,13 +106,27 @@ def candidates(device: str, n: int) -> list[Candidate]:
             for b, v, m in itertools.islice(knobs, n)]
 
 
+def recipe_candidates(spec: TaskSpec, device: str, n: int) -> list[Candidate]:
+    """n distinct kernels from forge's own generator (the recipe policy's knob space for the task)."""
+    from forge.policy import _SPACES, RecipePolicy
+
+    policy = RecipePolicy(device)
+    cls = policy.knob_class(spec)
+    space = _SPACES[cls]
+    combos = itertools.islice(itertools.product(*space.values()), n)
+    return [policy.render(spec, cls(**dict(zip(space, c, strict=True)))) for c in combos]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--build-workers", type=int, default=None, help="parallel builds (default: the Evaluator's)")
+    p.add_argument("--recipes", action="store_true", help="candidates from forge's recipe generator instead of "
+                   "the template (which includes cuda_bf16.h)")
     args = p.parse_args()
-    spec, cands = gelu_task(args.device), candidates(args.device, args.n)
+    spec = gelu_task(args.device)
+    cands = recipe_candidates(spec, args.device, args.n) if args.recipes else candidates(args.device, args.n)
     with tempfile.TemporaryDirectory() as cache, \
             Evaluator(args.device, cache_dir=Path(cache), build_workers=args.build_workers) as ev:
         start = time.perf_counter()

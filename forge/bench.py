@@ -3,9 +3,11 @@
 Method:
 - warm-up by time (at least `warmup_s`, and three calls) for the candidate and the baseline;
 - before every timed call, the last-level cache is flushed by writing a buffer larger than it
-  (CUDA: 2 x L2, at least 256 MiB; CPU: 256 MiB);
-- CUDA: a pair of events around the call and `torch.cuda.synchronize()` (device-wide) before reading
-  them, so work on any stream is counted; CPU: `time.perf_counter_ns` around the call;
+  (CUDA: 2 x L2, at least 256 MiB, then read back so no dirty lines remain; CPU: 256 MiB);
+- CUDA: the flush, then a pair of events around the call, all queued without waiting, and
+  `torch.cuda.synchronize()` (device-wide) before reading them. The flush kernel keeps the GPU busy
+  while the CPU queues the call, so the time is the GPU's, not the launch path's (as in Triton's
+  do_bench); CPU: `time.perf_counter_ns` around the call;
 - candidate and baseline are interleaved call by call in the same process on the same inputs, until
   both have `min_runs` samples and `budget_s` has passed (or `max_runs`);
 - statistics: median, p10, p90, mean and standard deviation, and the count.
@@ -56,22 +58,28 @@ class Clock:
         else:
             size = 256 << 20
         self.flush_buf = torch.empty(size // 4, dtype=torch.int32, device=device)
+        self.flush_sink = torch.empty((), dtype=torch.int64, device=device)
 
     def flush(self) -> None:
-        """Evict the cache by writing a large buffer."""
+        """Evict the cache: write a large buffer, then (CUDA) read it back, so the L2 holds clean lines.
+        A flush that only writes leaves an L2 of dirty lines whose write-back the next kernel pays for
+        (measured on the H200: +1 us on a 16 MB copy, +2.6 us on 64 MB; benchmarks/flush_check.py)."""
         self.flush_buf.fill_(1)
+        if self.cuda:
+            torch.sum(self.flush_buf, dim=0, dtype=torch.int64, out=self.flush_sink)
 
     def time_us(self, fn: Callable[[], object]) -> float:
         """Time one call of fn in microseconds, after a cache flush."""
-        self.flush()
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
+            self.flush()  # queued first: while the GPU flushes, the CPU queues fn, so launch cost is hidden
             start.record()
             fn()
             end.record()
             torch.cuda.synchronize()
             return start.elapsed_time(end) * 1e3
+        self.flush()
         t0 = time.perf_counter_ns()
         fn()
         return (time.perf_counter_ns() - t0) / 1e3

@@ -2,7 +2,9 @@
 
 Interface: `propose(spec, parent, feedback) -> list[payload]` gives new ideas below a tree node
 (`parent` is None at the root: the eager baseline), and `render(spec, payload) -> Candidate` turns an
-idea into source. The recipe policy's payloads are schedule knobs of a code generator
+idea into source. Optional: `payload_of(spec, knobs) -> payload` turns the knobs stored for a candidate
+back into its payload, so `forge optimize --resume` can rebuild a search tree (without it, only JSON
+payloads can be rebuilt; see forge.search). The recipe policy's payloads are schedule knobs of a code generator
 (forge.recipes): the root gets a few diverse schedules, a node gets its one-knob mutations. For
 tasks no recipe can express (matmul, convolution, gathers) it says "not mine": no proposals.
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from forge.kernel import Candidate, TaskSpec
-from forge.recipes import pointwise, rowreduce
+from forge.recipes import cuda, pointwise, rowreduce
 from forge.recipes.pointwise import NotMine
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,11 @@ class Policy(Protocol):
 _SPACES: dict[type, dict[str, tuple[Any, ...]]] = {
     pointwise.Knobs: {"chunk": (0, 4096, 65536), "simd": (True, False), "unroll": (1, 4, 16),
                       "fast_math": (False, True)},
+    cuda.CudaKnobs: {"threads": (256, 128, 512), "vec": (8, 4, 16), "blocks": (0, 1056, 4224),
+                     "fast_math": (False, True)},
+    cuda.CudaRowKnobs: {"threads": (256, 128, 512, 1024), "cluster": (1, 2, 4, 8, 16), "vec": (8, 4),
+                        "cache": (True, False), "fast_math": (False, True), "warp_rows": (False, True),
+                        "smem": (False, True)},
     rowreduce.RowKnobs: {"online": (True, False), "welford": (False, True), "simd": (True, False),
                          "chunk": (0, 1, 8), "fast_math": (False, True)},
 }
@@ -64,6 +71,7 @@ class RecipePolicy:
         self.device = device
         self._lowered: dict[str, _Lowered | NotMine] = {}
         self._proposed: dict[str, set[Any]] = {}
+        self._sources: dict[tuple[str, Any], Candidate | None] = {}
 
     def lowered(self, spec: TaskSpec) -> _Lowered:
         """The task lowered by the first recipe that takes it; raises NotMine with every reason."""
@@ -82,10 +90,20 @@ class RecipePolicy:
             raise got
         return got
 
+    @property
+    def gpu(self) -> bool:
+        """True when the policy writes CUDA (device cuda[:N])."""
+        return self.device.startswith("cuda")
+
+    def knob_class(self, spec: TaskSpec) -> type:
+        """The knobs dataclass of the task's recipe on this device."""
+        kind = self.lowered(spec).kind
+        if self.gpu:
+            return cuda.CudaKnobs if kind == "pointwise" else cuda.CudaRowKnobs
+        return pointwise.Knobs if kind == "pointwise" else rowreduce.RowKnobs
+
     def mine(self, spec: TaskSpec) -> str | None:
         """None if a recipe can express the task, else why not."""
-        if self.device != "cpu":
-            return "the recipe policy writes C for the CPU; CUDA recipes come with the GPU issue"
         try:
             self.lowered(spec)
         except NotMine as e:
@@ -96,24 +114,69 @@ class RecipePolicy:
         """Root: the default schedule and a few diverse ones; a node: its one-knob mutations."""
         if self.mine(spec) is not None:
             return []
-        kind = self.lowered(spec).kind
-        cls = pointwise.Knobs if kind == "pointwise" else rowreduce.RowKnobs
+        cls = self.knob_class(spec)
         space = _SPACES[cls]
         seen = self._proposed.setdefault(spec.key, set())
-        if parent is None:
+        if parent is None and cls is cuda.CudaRowKnobs:
+            ideas = _row_seeds(self.lowered(spec).low)
+        elif parent is None:
             combos = list(itertools.product(*space.values()))
             picks = [combos[0]] + combos[1::max(1, len(combos) // 5)]
             ideas = [cls(**dict(zip(space, c, strict=True))) for c in picks]
         else:
             ideas = [dataclasses.replace(parent, **{k: v}) for k, vals in space.items() for v in vals
                      if getattr(parent, k) != v]
+        if self.gpu:  # drop combinations the generator refuses (the source is kept for render)
+            ideas = [k for k in dict.fromkeys(ideas) if k not in seen and self._render_cuda(spec, k) is not None]
         fresh = [i for i in dict.fromkeys(ideas) if i not in seen]
         seen.update(fresh)
         return fresh
 
+    def payload_of(self, spec: TaskSpec, knobs: dict[str, Any]) -> Any:
+        """The knobs dataclass of stored knobs (the inverse of storing it): how --resume rebuilds a tree."""
+        return self.knob_class(spec)(**knobs)
+
+    def _render_cuda(self, spec: TaskSpec, knobs: Any) -> Candidate | None:
+        key = (spec.key, knobs)
+        if key not in self._sources:
+            try:
+                self._sources[key] = cuda.candidate(spec, knobs)
+            except NotMine as e:
+                log.debug("no kernel for %s: %s", knobs, e)
+                self._sources[key] = None
+        return self._sources[key]
+
     def render(self, spec: TaskSpec, payload: Any) -> Candidate:
-        """The C source for these knobs."""
+        """The C (cpu) or CUDA source for these knobs."""
+        if self.gpu:
+            cand = self._render_cuda(spec, payload)
+            if cand is None:
+                raise NotMine(f"no CUDA kernel for {payload}")
+            return cand
         low = self.lowered(spec)
         if low.kind == "pointwise":
             return pointwise.candidate(low.low, payload)
         return rowreduce.candidate(low.low, payload)
+
+
+def _row_seeds(low: rowreduce.RowLowered, sms: int = 132) -> list[cuda.CudaRowKnobs]:
+    """First CUDA row schedules: enough blocks to fill the GPU, each thread's part of the row in registers
+    (at most 32 elements), few idle threads; then the same without the register cache."""
+    scored = []
+    for threads, cluster in itertools.product((128, 256, 512, 1024), (1, 2, 4, 8)):
+        if low.length % cluster:
+            continue
+        chunk = low.length // cluster
+        per_thread = -(-chunk // threads)
+        idle = threads * max(per_thread, 1) / chunk - 1  # threads without work, as a fraction
+        fills = low.rows * cluster >= sms
+        if per_thread > 32 or (cluster > 1 and low.rows >= 2 * sms):
+            continue
+        scored.append(((not fills, idle > 0.25, cluster, abs(per_thread - 8)), cuda.CudaRowKnobs(threads, cluster)))
+    seeds = [k for _, k in sorted(scored, key=lambda x: x[0])[:4]]
+    if low.length <= 32 * 64:  # short rows: a warp each, the row in its registers
+        seeds += [cuda.CudaRowKnobs(256, warp_rows=True), cuda.CudaRowKnobs(128, warp_rows=True, vec=4)]
+    if low.rows < sms:  # few long rows: a cluster per row, its part of the row in shared memory
+        seeds += [cuda.CudaRowKnobs(t, c, smem=True, fast_math=True) for t, c in ((256, 8), (256, 16), (512, 16))]
+    return seeds + [dataclasses.replace(seeds[0] if seeds else cuda.CudaRowKnobs(), cache=False, cluster=8
+                                        if low.rows < sms else 1)]

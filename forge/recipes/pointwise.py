@@ -42,7 +42,7 @@ class Knobs:
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "alias", "clone", "contiguous",
           "lift_fresh_copy", "detach"}
-_FLOAT_TYPES = {torch.float32: "float", torch.float16: "_Float16", torch.bfloat16: "uint16_t",
+_FLOAT_TYPES = {torch.float32: "float", torch.float16: "forge_half", torch.bfloat16: "uint16_t",
                 torch.float64: "double", torch.bool: "uint8_t", torch.uint8: "uint8_t"}
 
 _UNARY = {
@@ -74,6 +74,10 @@ static inline uint16_t f2bf(float f) {
   u += 0x7fffu + ((u >> 16) & 1u); return (uint16_t)(u >> 16);
 }
 static inline float round_bf16(float f) { return bf2f(f2bf(f)); }
+typedef _Float16 forge_half;
+static inline float h2f(forge_half h) { return (float)h; }
+static inline forge_half f2h(float f) { return (forge_half)f; }
+static inline float round_f16(float f) { return (float)(forge_half)f; }
 // exp in plain arithmetic, so loops that use it vectorise (libm's expf does not: errno, no vector
 // variant). Cephes' range reduction and polynomial, about 2 ulp; inputs clamped to the float range.
 static inline float forge_expf(float x) {
@@ -119,6 +123,17 @@ def _shape(n: torch.fx.Node) -> tuple[int, ...]:
     return tuple(int(s) for s in n.meta["val"].shape)
 
 
+def to_float(raw: str, dtype: torch.dtype) -> str:
+    """A stored element as float."""
+    return {torch.bfloat16: f"bf2f({raw})", torch.float16: f"h2f({raw})"}.get(dtype, f"(float){raw}")
+
+
+def from_float(v: str, dtype: torch.dtype) -> str:
+    """A float value as an element of `dtype` (rounded once)."""
+    return {torch.bfloat16: f"f2bf({v})", torch.float16: f"f2h({v})", torch.bool: f"(uint8_t)({v} != 0.0f)"}.get(
+        dtype, f"({_FLOAT_TYPES[dtype]})({v})")
+
+
 class _Emitter:
     """Turns the traced graph into statements of one loop body, memoised per (node, index).
 
@@ -133,6 +148,7 @@ class _Emitter:
         self.lines: list[str] = []
         self.memo: dict[tuple[torch.fx.Node, Expr], str] = {}
         self.loads: list[Expr] = []
+        self.load_hook: Any = None  # (input index, offset) -> raw element expression, or None: a plain load
 
     def value(self, node: Any, idx: Expr) -> str:
         """A C expression for `node` at flat index `idx` of the node's own shape."""
@@ -170,10 +186,11 @@ class _Emitter:
             off = self.simplify(off)
             self.loads.append(off)
             try:
-                raw = f"in{i}_p[{cexpr(off)}]"  # restrict pointers declared once per kernel (see pointers())
+                raw = self.load_hook(i, off) if self.load_hook else None
+                raw = raw or f"in{i}_p[{cexpr(off)}]"  # restrict pointers declared once per kernel (pointers())
             except IndexError_ as e:
                 raise NotMine(str(e)) from e
-            return f"bf2f({raw})" if m.torch_dtype == torch.bfloat16 else f"(float){raw}"
+            return to_float(raw, m.torch_dtype)
         name = n.target.overloadpacket.__name__ if isinstance(n.target, torch._ops.OpOverload) else ""
         args, kw = n.args, n.kwargs
         if n.target is operator.getitem:
@@ -212,7 +229,7 @@ class _Emitter:
             if dtype == torch.bfloat16:
                 return f"round_bf16({a})"
             if dtype == torch.float16:
-                return f"(float)(_Float16)({a})"
+                return f"round_f16({a})"
             if dtype == torch.bool:
                 return f"({a} != 0.0f ? 1.0f : 0.0f)"
             if dtype in (torch.float32, torch.float64, None):
@@ -343,10 +360,7 @@ def _lower_split(gm: torch.fx.GraphModule, spec: TaskSpec, numel: int, inner: in
     stores = []
     for j, (node, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
         v = em.value(node, i)
-        ctype = _FLOAT_TYPES[m.torch_dtype]
-        conv = {torch.bfloat16: f"f2bf({v})", torch.bool: f"(uint8_t)({v} != 0.0f)"}.get(m.torch_dtype,
-                                                                                      f"({ctype})({v})")
-        stores.append(f"out{j}_p[i] = {conv};")
+        stores.append(f"out{j}_p[i] = {from_float(v, m.torch_dtype)};")
     return Lowered(tuple(em.lines + stores), numel, spec.inputs, spec.outputs, numel // inner, inner), em.loads
 
 

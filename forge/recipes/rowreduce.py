@@ -27,6 +27,7 @@ from forge.recipes.pointwise import (
     _Emitter,
     _lit,
     _shape,
+    from_float,
     index_type,
     pointers,
     trace_task,
@@ -123,15 +124,13 @@ def _lower_split(spec: TaskSpec, gm: torch.fx.GraphModule, red: torch.fx.Node, n
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
     y_stores, row_stores = [], []
     for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
-        ctype = _FLOAT_TYPES[m.torch_dtype]
         if m.numel == rows * length:
             v, target, at = epi.value(o, i), y_stores, "i"
         elif m.numel == rows:
             v, target, at = per_row.value(o, r), row_stores, "r"
         else:
             raise NotMine("an output that is neither per element nor per row")
-        conv = {torch.bfloat16: f"f2bf({v})"}.get(m.torch_dtype, f"({ctype})({v})")
-        target.append(f"out{j}_p[{at}] = {conv};")
+        target.append(f"out{j}_p[{at}] = {from_float(v, m.torch_dtype)};")
     guard = " || ".join([f"in[{i}].shape[{d}] != {s}" for i, m in enumerate(spec.inputs)
                          for d, s in enumerate(m.shape)] + [f"in[{i}].stride[{d}] != {s}"
                          for i, m in enumerate(spec.inputs) for d, s in enumerate(m.stride)

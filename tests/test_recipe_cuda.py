@@ -1,0 +1,103 @@
+"""CUDA recipes: generated kernels compile with nvcc (wherever nvcc is) and pass verification on a GPU."""
+
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from forge.build import build
+from forge.capture import capture
+from forge.evaluate import Evaluator
+from forge.kernel import TaskSpec
+from forge.recipes import cuda
+from forge.recipes.pointwise import NotMine
+from forge.tasks import build_tasks
+
+
+class Mixed(nn.Module):
+    """Pointwise: BN(eval)+ReLU (per-channel), broadcast GELU-tanh cast to bf16, a permuted copy, an odd tail;
+    rows: softmax with upcast, RMSNorm with (1 + w), LayerNorm + modulate, GroupNorm + SiLU, log-softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm2d(8)
+        self.w = nn.Parameter(torch.randn(16))
+        self.rms = nn.Parameter(torch.randn(40) * 0.1)
+        self.gn = nn.GroupNorm(4, 8, eps=1e-6)
+
+    def forward(self, x, y, z, s, h):
+        a = torch.relu(self.bn(x))
+        b = nn.functional.gelu(y * self.w + 1.0, approximate="tanh").to(torch.bfloat16)
+        c = x.permute(0, 2, 3, 1) * 2
+        d = torch.where(z > 0.5, torch.sigmoid(z), -z).clamp(-1.5, 3.0)
+        e = torch.softmax(s.float(), -1).to(torch.bfloat16)
+        hf = h.float()
+        f = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + self.rms)).to(torch.bfloat16)
+        g = nn.functional.layer_norm(h, (40,), eps=1e-6) * (1 + y[0, :1, :1]) + 0.5
+        k = nn.functional.silu(self.gn(x))
+        m = torch.log_softmax(z.view(7, 143), -1)
+        return a, b, c, d, e, f, g, k, m
+
+
+def specs() -> list[TaskSpec]:
+    model = Mixed().eval()
+    with torch.no_grad():
+        model.bn.running_mean.normal_()
+        model.bn.running_var.uniform_(0.5, 2.0)
+    inputs = [torch.randn(2, 8, 5, 7), torch.randn(3, 5, 16), torch.randn(1001),
+              torch.randn(6, 300).to(torch.bfloat16), torch.randn(12, 40).to(torch.bfloat16)]
+    out = []
+    for t in build_tasks(capture(model, inputs).graph_module.graph):
+        spec = TaskSpec.of(t)
+        try:
+            cuda.supported(spec)
+        except NotMine:
+            continue
+        out.append(spec)
+    return out
+
+
+KNOBS = (cuda.CudaKnobs(), cuda.CudaKnobs(threads=128, vec=4, blocks=2, fast_math=True),
+         cuda.CudaRowKnobs(), cuda.CudaRowKnobs(threads=128, cluster=2, vec=4, cache=False, fast_math=True),
+         cuda.CudaRowKnobs(threads=64 * 2, cluster=4, vec=8, cache=True),
+         cuda.CudaRowKnobs(threads=128, warp_rows=True), cuda.CudaRowKnobs(threads=64, warp_rows=True, vec=2),
+         cuda.CudaRowKnobs(threads=128, cluster=2, smem=True), cuda.CudaRowKnobs(threads=64, smem=True, vec=4),
+         cuda.CudaRowKnobs(threads=64, cluster=16, smem=True, fast_math=True))
+
+
+def candidates(spec: TaskSpec) -> list[tuple[object, object]]:
+    kind = cuda.supported(spec)
+    out = []
+    for k in KNOBS:
+        if (kind == "pointwise") != isinstance(k, cuda.CudaKnobs):
+            continue
+        try:
+            out.append((k, cuda.candidate(spec, k)))
+        except NotMine:
+            pass  # e.g. a row that does not split into the cluster
+    return out
+
+
+def test_recipes_take_the_mixed_tasks():
+    kinds = {cuda.supported(s) for s in specs()}
+    assert kinds == {"pointwise", "rows"}
+    assert len(specs()) >= 8
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_generated_cuda_compiles(tmp_path):
+    for spec in specs():
+        for knobs, cand in candidates(spec):
+            res = build(cand, "sm_90", tmp_path)
+            assert res.ok, (spec.key, knobs, res.log[-1500:])
+
+
+@pytest.mark.cuda
+def test_generated_cuda_kernels_pass_verification():
+    with Evaluator("cuda", timeout_s=120) as ev:
+        for spec in specs():
+            for knobs, cand in candidates(spec):
+                res = ev.evaluate(spec, cand)
+                assert res.status.value == "ok", (spec.key, knobs, res.status.value, res.message)
+                assert res.timing and res.timing.median_us > 0

@@ -10,8 +10,13 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from forge.errors import UserError
+
+if TYPE_CHECKING:
+    from forge.policy import Policy
+    from forge.store import Store
 
 log = logging.getLogger("forge")
 
@@ -115,6 +120,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0 if res.status.passed else 1
 
 
+def _policy(args: argparse.Namespace, store: Store, device: str) -> Policy:
+    """--policy with --max-usd, --replay and --prices; the key is checked here, before any search."""
+    from forge.optimize import make_policy
+
+    if args.replay and args.policy == "recipes":  # replay the run's own LLM policy
+        try:
+            args.policy = store.get_run(args.replay).policy
+        except KeyError:
+            raise UserError(f"no run {args.replay!r} to replay: check --db and the run id") from None
+    if args.policy == "recipes":
+        if args.max_usd is not None or args.replay or args.prices:
+            raise UserError("--max-usd, --replay and --prices apply to LLM policies (e.g. --policy openai:MODEL)")
+        return make_policy("recipes", device)
+    return make_policy(args.policy, device, store=store, max_usd=args.max_usd, replay=args.replay,
+                       prices=args.prices)
+
+
 def cmd_optimize(args: argparse.Namespace) -> int:
     """forge optimize: search kernels for every task and measure the model end to end."""
     import json
@@ -126,16 +148,31 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from forge.search import Budget
     from forge.store import Store
 
-    if args.policy != "recipes":
-        raise UserError(f"unknown --policy {args.policy!r}: only 'recipes' exists so far")
+    store = Store(args.db)
+    if args.resume:  # the run's own model (unless one is given: it must match), device, dtype and budget
+        from forge.optimize import resumable
+
+        run = resumable(store, args.resume)
+        load = run.config.get("load", {})
+        if not args.model and not args.zoo:
+            args.model, args.zoo = load.get("file"), load.get("zoo")
+            for k, v in load.get("sizes", {}).items():
+                setattr(args, k, v)
+            if not args.model and not args.zoo:
+                raise UserError(f"run {run.id} does not say how its model was loaded: give the model ({run.model})")
+        args.device, args.dtype, args.policy = run.device, run.dtype, run.policy
     loaded = load_model(args)
+    pol = _policy(args, store, loaded.device)
     budget = Budget(candidates=args.budget, seconds=args.seconds, per_task=max(4, min(args.budget, 16)))
+    sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k) is not None}
+    load = {"file": str(Path(args.model).resolve()) if args.model else None, "zoo": args.zoo, "sizes": sizes}
     console = Console(stderr=True)
 
     def progress(key: str, n: int, best: float | None) -> None:
         console.print(f"  {key}: {n} candidates, best {best:.2f}x" if best else f"  {key}: {n} candidates")
 
-    report = optimize(loaded, Store(args.db), policy=args.policy, budget=budget, progress=progress)
+    report = optimize(loaded, store, policy=pol, budget=budget, progress=progress, resume=args.resume,
+                      load=load)
     print_optimize(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
@@ -174,12 +211,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("optimize", help="search faster kernels for a model and measure it end to end")
     _add_model_args(p)
-    p.add_argument("--policy", default="recipes", help="recipes (offline code generator; the default)")
+    p.add_argument("--policy", default="recipes", help="recipes (offline code generator; the default), "
+                   "openai:MODEL, anthropic:MODEL, openai-compatible:BASE_URL:MODEL, or recipes+ before an LLM "
+                   "policy to mix them (docs/llm.md)")
+    p.add_argument("--max-usd", type=float, help="LLM budget in US dollars: the search stops when it is spent")
+    p.add_argument("--replay", metavar="RUN", help="answer every LLM request from run RUN's stored calls only "
+                   "(no network, no key)")
+    p.add_argument("--prices", metavar="JSON", help="LLM prices overriding forge/llm/prices.json")
     p.add_argument("--budget", type=int, default=48, help="candidates over all tasks")
     p.add_argument("--seconds", type=float, default=600.0, help="wall-time budget of the search")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
+    p.add_argument("--resume", metavar="RUN", help="continue a stopped or killed run (its id) with its own "
+                   "model, device, budget and stored candidates; none is evaluated again")
     p.set_defaults(func=cmd_optimize)
+
+    from forge.review.commands import register  # runs, tree, show, report, ui
+
+    register(sub)
     return parser
 
 

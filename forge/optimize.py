@@ -12,13 +12,14 @@ import torch
 
 from forge import artifact
 from forge.dispatch import KernelArtifact, apply
-from forge.endtoend import compare, interleaved_ms
+from forge.endtoend import interleaved_ms, outputs_match
+from forge.errors import UserError
 from forge.evaluate import Evaluator
 from forge.model_input import LoadedModel
-from forge.policy import RecipePolicy
+from forge.policy import Policy, RecipePolicy
 from forge.profile import profile_model
 from forge.search import Budget, Progress, TaskOutcome, search
-from forge.store import Store
+from forge.store import RunRecord, Store, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -53,30 +54,84 @@ class OptimizeReport:
             "max_rel_err": self.max_rel_err, "applied": self.applied, "patched_ms": self.patched_ms,
             "artifact": self.artifact,
             "tasks": [{"key": t.key, "family": t.family, "share": t.share, "eager_us": t.eager_us,
-                       "best_us": t.best_us, "speedup": t.speedup, "candidates": t.candidates, "status": t.status,
-                       "stop_reason": t.stop_reason} for t in self.tasks],
+                       "best_us": t.best_us, "floor_us": t.floor_us, "speedup": t.speedup,
+                       "candidates": t.candidates, "status": t.status, "stop_reason": t.stop_reason}
+                      for t in self.tasks],
             "cost": self.cost,
         }
 
 
-def make_policy(name: str, device: str) -> RecipePolicy:
-    """The policy named on the command line."""
-    if name != "recipes":
-        raise ValueError(f"unknown policy {name!r}: only 'recipes' exists so far (LLM policies come later)")
-    return RecipePolicy(device)
+def make_policy(name: str, device: str, **llm: Any) -> Policy:
+    """The policy named on the command line: `recipes`, or an LLM (`openai:MODEL`, `recipes+anthropic:MODEL`,
+    ...; `llm` holds store, max_usd, replay, prices: see forge.llm.make_llm_policy). Bad input is a UserError.
+    """
+    if name == "recipes":
+        return RecipePolicy(device)
+    from forge.llm import make_llm_policy
+
+    return make_llm_policy(name, device, **llm)
 
 
-def optimize(loaded: LoadedModel, store: Store, *, policy: str = "recipes", budget: Budget | None = None,
-             runs_dir: str | Path = "runs", progress: Progress | None = None) -> OptimizeReport:
-    """The whole job; every candidate and evaluation is stored as it happens."""
+def resumable(store: Store, run_id: str) -> RunRecord:
+    """The stored run `run_id` if it can be resumed; UserError if it is unknown or already finished."""
+    try:
+        run = store.get_run(run_id)
+    except KeyError:
+        raise UserError(f"no run {run_id!r} in {store!r}: check --db and the run id") from None
+    if run.state == "done":
+        raise UserError(f"run {run_id} already finished ({run.finished_at:%Y-%m-%d %H:%M}, eager "
+                        f"{run.eager_ms or 0:.3f} ms, forge {run.forge_ms or 0:.3f} ms); nothing to resume")
+    if "budget" not in run.config:
+        raise UserError(f"run {run_id} was not made by forge optimize ({run.policy or 'no policy'}); "
+                        "only optimize runs resume")
+    return run
+
+
+def _check_same_model(run: RunRecord, loaded: LoadedModel, keys: set[str], tasks: list[TaskRecord]) -> None:
+    """UserError unless `loaded` is the model, device and dtype the run was started with."""
+    load = run.config.get("load", {})
+    same = (Path(load["file"]).resolve() == Path(loaded.name).resolve()) if load.get("file") and \
+        not loaded.name.startswith("zoo:") else run.model == loaded.name
+    if not same or (run.device, run.dtype) != (loaded.device, loaded.dtype):
+        raise UserError(f"run {run.id} optimized {run.model} on {run.device} ({run.dtype}), not {loaded.name} on "
+                        f"{loaded.device} ({loaded.dtype}); resume it with the same model or without a model")
+    missing = [t.key for t in tasks if t.key not in keys]
+    if missing:
+        raise UserError(f"{loaded.name} is not the model run {run.id} started with: its task {missing[0]} is "
+                        "gone (was the file edited?)")
+
+
+def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recipes", budget: Budget | None = None,
+             runs_dir: str | Path = "runs", progress: Progress | None = None, resume: str | None = None,
+             load: dict[str, Any] | None = None) -> OptimizeReport:
+    """The whole job; every candidate and evaluation is stored as it happens.
+
+    `resume` continues a stopped or killed run (its id) with its stored budget, trees and decisions; no
+    stored candidate is evaluated again. `load` (how the model was loaded) is kept in the run's config.
+    """
     start = time.monotonic()
-    budget = budget or Budget()
-    pol = make_policy(policy, loaded.device)
+    pol = make_policy(policy, loaded.device) if isinstance(policy, str) else policy
     prof, _ = profile_model(loaded, budget_s=1.0)
-    run = store.create_run(loaded.name, device=loaded.device, dtype=loaded.dtype, policy=pol.name,
-                           config={"budget": vars(budget)})
-    with Evaluator(loaded.device) as ev:
-        outcomes = search(list(prof.tasks), pol, ev, store, run.id, budget, progress)
+    if resume:
+        run = resumable(store, resume)
+        _check_same_model(run, loaded, {t.key for t in prof.tasks}, store.get_tasks(run.id))
+        budget = Budget(**run.config["budget"])
+        store.update_run(run.id, state="running", finished_at=None)
+    else:
+        budget = budget or Budget()
+        run = store.create_run(loaded.name, device=loaded.device, dtype=loaded.dtype, policy=pol.name,
+                               config={"budget": vars(budget), "load": load or {}})
+    if hasattr(pol, "bind"):  # where an LLM policy records its calls
+        pol.bind(store, run.id)
+    try:
+        with Evaluator(loaded.device) as ev:
+            outcomes = search(list(prof.tasks), pol, ev, store, run.id, budget, progress, resume=bool(resume))
+    except KeyboardInterrupt:
+        store.update_run(run.id, state="stopped", note=f"interrupted: forge optimize --resume {run.id}")
+        raise
+    finally:
+        if hasattr(pol, "close"):
+            pol.close()
     by_key = {t.key: t for t in prof.tasks}
     kernels = [KernelArtifact(o.key, o.best.backend, o.library, o.best.entry, by_key[o.key].inputs,
                               by_key[o.key].outputs, by_key[o.key].source)
@@ -89,8 +144,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str = "recipes", budg
                                         loaded.device)
     fresh = [torch.randn_like(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
              for x in loaded.inputs]
-    with torch.no_grad():
-        match, err = compare(loaded.model(*fresh), opt(*fresh))
+    match, err = outputs_match(loaded.model, opt, fresh)
     patched_ms = forge_ms
     applied = bool(kernels) and match and forge_ms < eager_ms
     if not applied:  # never slower: the model you get is eager, and so is its time

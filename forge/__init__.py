@@ -2,7 +2,9 @@
 
 Public API (imports are lazy, so `import forge` stays light):
 - `forge.apply(model, inputs, kernels, strict=False)`: the model with guarded kernels (forge.dispatch);
-- `forge.load(path, model, inputs, strict=False)`: the same from a run's artifact folder (forge.artifact).
+- `forge.load(path, model, inputs, strict=False, verify=False)`: the same from a run's artifact folder
+  (forge.artifact); kernels tuned on another device model are used only with `verify=True`, after they
+  pass verification and beat eager here.
 """
 
 from typing import Any
@@ -17,8 +19,8 @@ def apply(model: Any, inputs: list[Any], kernels: list[Any], strict: bool = Fals
     return _apply(model, inputs, kernels, strict=strict)
 
 
-def load(path: Any, model: Any, inputs: list[Any], strict: bool = False) -> Any:
+def load(path: Any, model: Any, inputs: list[Any], strict: bool = False, verify: bool = False) -> Any:
     """Apply the kernels of a run's artifact folder to `model` (see forge.artifact.load)."""
     from forge.artifact import load as _load
 
-    return _load(path, model, inputs, strict=strict)
+    return _load(path, model, inputs, strict=strict, verify=verify)

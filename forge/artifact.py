@@ -2,13 +2,18 @@
 
 Layout: `runs/<id>/manifest.json` lists each kernel (task key, backend, entry, input and output
 tensor metadata, the task's reference source for the fallback, the library file) and
-`runs/<id>/kernels/<key>.so` (or `.py` for Triton). `load()` needs no database, LLM client or search
-code: only forge.dispatch, which needs torch.
+`runs/<id>/kernels/<key>.so` (or `.py` for Triton), with the device model the kernels were tuned and
+verified on. `load()` needs no database, LLM client or search code: only forge.dispatch, which needs
+torch. On another device model (another CPU, whose `-march=native` code may not even run, or another
+GPU) the kernels are not used until `load(..., verify=True)` has verified and timed each one there, in a
+worker process, and kept those that pass and beat eager.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import platform
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,28 @@ from forge.capture import TensorMeta
 from forge.dispatch import KernelArtifact, OptimizedModule, apply
 
 FORMAT = "forge.artifact/1"
+log = logging.getLogger(__name__)
+
+
+def device_model(device: str) -> str:
+    """What kernels are tuned for: the GPU's name and compute capability, or the CPU's model and ISA."""
+    if device.startswith("cuda"):
+        import torch
+
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}"
+    name, flags = "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not name:
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:  # the vector ISA -march=native builds for
+                flags = " ".join(sorted(f for f in value.split() if f.startswith(("avx", "sse", "fma", "amx"))))
+    except OSError:
+        pass
+    name = name or platform.processor()
+    return f"{platform.machine()} {name} [{flags}]"
 
 
 def save(folder: str | Path, kernels: list[KernelArtifact], info: dict[str, Any]) -> Path:
@@ -35,11 +62,16 @@ def save(folder: str | Path, kernels: list[KernelArtifact], info: dict[str, Any]
     return manifest
 
 
-def read(path: str | Path) -> list[KernelArtifact]:
-    """The kernels of an artifact folder (or its manifest.json)."""
+def manifest_of(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The manifest file of an artifact folder (or the file itself) and its contents."""
     path = Path(path)
     manifest = path if path.is_file() else path / "manifest.json"
-    data = json.loads(manifest.read_text())
+    return manifest, json.loads(manifest.read_text())
+
+
+def read(path: str | Path) -> list[KernelArtifact]:
+    """The kernels of an artifact folder (or its manifest.json)."""
+    manifest, data = manifest_of(path)
     if data.get("format") != FORMAT:
         raise ValueError(f"Invalid artifact {manifest}: format {data.get('format')!r}, expected {FORMAT!r}")
     return [KernelArtifact(e["key"], e["backend"], str(manifest.parent / e["file"]), e["entry"],
@@ -47,6 +79,48 @@ def read(path: str | Path) -> list[KernelArtifact]:
                            tuple(TensorMeta.parse(m) for m in e["outputs"]), e["source"]) for e in data["kernels"]]
 
 
-def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False) -> OptimizedModule:
-    """Apply an artifact's kernels to `model` captured on `inputs`."""
-    return apply(model, inputs, read(path), strict=strict)
+def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, verify: bool = False
+         ) -> OptimizedModule:
+    """Apply an artifact's kernels to `model` captured on `inputs`.
+
+    Kernels tuned on another device model than this one are left out (eager runs instead, with a
+    warning; `strict` raises) unless `verify`: then each is verified and timed here first, and kept only
+    if it passes and is faster than eager."""
+    _, data = manifest_of(path)
+    kernels = read(path)
+    by_device: dict[str, list[KernelArtifact]] = {}
+    for k in kernels:
+        by_device.setdefault("cpu" if k.backend == "cpu" else "cuda", []).append(k)
+    keep: list[KernelArtifact] = []
+    for device, ks in by_device.items():
+        here, tuned = device_model(device), data.get("device_model")
+        if tuned == here:
+            keep += ks
+        elif verify:
+            keep += verified_here(ks, device)
+        else:
+            msg = (f"the kernels of {path} were tuned on {tuned or 'an unrecorded device'}, this is {here}: "
+                   "not used (load with verify=True to verify and time them here first)")
+            if strict:
+                raise RuntimeError(msg)
+            log.warning(msg)
+    return apply(model, inputs, keep, strict=strict)
+
+
+def verified_here(kernels: list[KernelArtifact], device: str) -> list[KernelArtifact]:
+    """The kernels that pass verification on this device and beat eager here (each in a worker process)."""
+    from forge.kernel import TaskSpec
+    from forge.worker import EvalRequest
+    from forge.workers import Worker
+
+    keep = []
+    with Worker(device) as worker:
+        for i, k in enumerate(kernels):
+            spec = TaskSpec(k.key, k.source, k.inputs, k.outputs, sum(m.nbytes for m in (*k.inputs, *k.outputs)))
+            res = worker.request(EvalRequest(spec, k.backend, k.path, k.entry, seed=i), timeout_s=120.0)
+            if res.status.passed and (res.speedup or 0.0) > 1.0:
+                keep.append(k)
+            else:
+                log.warning("kernel %s not used on this device: %s %s (speedup %s)", k.key, res.status.value,
+                            res.message[:200], f"{res.speedup:.2f}" if res.speedup else "-")
+    return keep

@@ -138,6 +138,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
                for o in outcomes if o.best is not None and o.library]
     folder = Path(runs_dir) / run.id
     artifact.save(folder, kernels, {"run_id": run.id, "model": loaded.name, "device": loaded.device,
+                                    "device_model": artifact.device_model(loaded.device),
                                     "dtype": loaded.dtype})
     opt = apply(loaded.model, loaded.inputs, kernels)
     eager_ms, forge_ms = interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: opt(*loaded.inputs),
@@ -150,6 +151,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     if not applied:  # never slower: the model you get is eager, and so is its time
         forge_ms = eager_ms
         artifact.save(folder, [], {"run_id": run.id, "model": loaded.name, "device": loaded.device,
+                                   "device_model": artifact.device_model(loaded.device),
                                    "dtype": loaded.dtype, "note": f"not applied: patched model took "
                                    f"{patched_ms:.3f} ms against eager {eager_ms:.3f} ms"})
     store.update_run(run.id, state="done", eager_ms=eager_ms, forge_ms=forge_ms)

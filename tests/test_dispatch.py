@@ -96,3 +96,32 @@ def test_chained_regions_are_both_patched():
     with torch.no_grad():
         torch.testing.assert_close(opt(x), model(x))
     assert [c.hits for c in opt.counters().values()] == [1, 1]
+
+
+def test_kernels_from_another_device_model_run_only_after_verification_here(swiglu, tmp_path, caplog):
+    from forge import artifact
+
+    loaded, arts = swiglu
+    x = torch.randn(4, 256, 512)
+    with torch.no_grad():
+        expected = loaded.model(x)
+    same = artifact.save(tmp_path / "same", arts, {"device_model": artifact.device_model("cpu")})
+    opt = artifact.load(same, loaded.model, loaded.inputs)
+    torch.testing.assert_close(opt(x), expected)
+    assert {k for k, c in opt.counters().items() if c.hits} == {a.key for a in arts}
+
+    other = artifact.save(tmp_path / "other", arts, {"device_model": "x86_64 Some Other CPU [avx2]"})
+    opt = artifact.load(other, loaded.model, loaded.inputs)  # not verified here: not used
+    torch.testing.assert_close(opt(x), expected)
+    assert opt.counters() == {} and "tuned on x86_64 Some Other CPU" in caplog.text
+    with pytest.raises(RuntimeError, match="verify=True"):
+        artifact.load(other, loaded.model, loaded.inputs, strict=True)
+
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        opt = artifact.load(other, loaded.model, loaded.inputs, verify=True)  # a real worker verifies and times
+    torch.testing.assert_close(opt(x), expected)
+    kept = set(opt.counters())
+    dropped = caplog.text.count("not used on this device")
+    assert kept <= {a.key for a in arts} and len(kept) + dropped == len(arts)
+    assert all(c.hits == 1 for c in opt.counters().values())

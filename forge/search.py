@@ -266,8 +266,8 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, store: Store, run_i
         share = t.share or 0.0
         why_not = policy.mine(TaskSpec.of(t)) if share >= budget.min_share else None
         if share < budget.min_share or why_not is not None:
-            status, why = ("skipped", "share below --min-share") if why_not is None else ("not mine",
-                                                                                           f"not mine: {why_not}")
+            status, why = (("skipped", f"share below {budget.min_share:.0%} of model time") if why_not is None
+                           else ("not mine", f"not mine: {why_not}"))
             if rec.state != "done":
                 store.update_task(rec.id, state="done", stop_reason=why)
             out[t.key] = TaskOutcome(t.key, t.family, share, None, None, 0, status, why)

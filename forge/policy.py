@@ -178,5 +178,7 @@ def _row_seeds(low: rowreduce.RowLowered, sms: int = 132) -> list[cuda.CudaRowKn
         seeds += [cuda.CudaRowKnobs(256, warp_rows=True), cuda.CudaRowKnobs(128, warp_rows=True, vec=4)]
     if low.rows < sms:  # few long rows: a cluster per row, its part of the row in shared memory
         seeds += [cuda.CudaRowKnobs(t, c, smem=True, fast_math=True) for t, c in ((256, 8), (256, 16), (512, 16))]
-    return seeds + [dataclasses.replace(seeds[0] if seeds else cuda.CudaRowKnobs(), cache=False, cluster=8
-                                        if low.rows < sms else 1)]
+    # and one that always applies: the row re-read from memory (L2) instead of kept on chip
+    cluster = next(c for c in (16, 8, 4, 2, 1) if low.length % c == 0) if low.rows < sms else 1
+    return seeds + [cuda.CudaRowKnobs(threads=512 if cluster > 1 else 256, cluster=cluster, cache=False,
+                                      fast_math=True)]

@@ -4,11 +4,15 @@
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then  # sqlalchemy (the store), diffusers: not on the device image
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site || exit 1
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export FORGE_CACHE=$(mktemp -d)
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 -c \
   'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)'; } \
   2>&1 | tee "$OUT/env.txt"
-python3 -m pytest -q -p no:cacheprovider -m cuda -o addopts="" tests/test_corpus.py tests/test_launch.py \
-  tests/test_build.py tests/test_dispatch.py "$@" 2>&1 | tail -40 | tee "$OUT/pytest_cuda.txt"
+python3 -m pytest -q -p no:cacheprovider -m cuda -o addopts="" tests/ "$@" 2>&1 | tail -40 \
+  | tee "$OUT/pytest_cuda.txt"  # every cuda-marked test (carry .whl for the store's sqlalchemy)
 python3 benchmarks/eval_throughput.py --device cuda --n 64 2>&1 | tee "$OUT/eval_throughput.txt"

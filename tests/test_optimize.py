@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from conftest import EXAMPLES
 
@@ -43,3 +44,27 @@ def test_optimize_writes_report_store_and_a_loadable_artifact(tmp_path, monkeypa
     assert sorted(opt.counters()) == sorted(improved)
     assert report["applied"] == (report["patched_ms"] < report["eager_ms"] and bool(improved))
     assert all(c.hits == 1 for c in opt.counters().values())
+
+
+@pytest.mark.cuda
+def test_optimize_on_the_gpu_generates_cuda_kernels_and_keeps_outputs(tmp_path, monkeypatch):
+    """The same job on an NVIDIA GPU in bf16: CUDA recipes searched, the artifact loadable with its kernels."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "report.json"
+    code = main(["optimize", str(EXAMPLES / "rmsnorm_swiglu.py"), "--device", "cuda", "--dtype", "bf16",
+                 "--budget", "16", "--db", str(tmp_path / "f.db"), "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["device"] == "cuda" and report["outputs_match"] is True
+    improved = [t for t in report["tasks"] if t["status"] == "improved"]
+    assert improved and all(t["speedup"] > 1.05 for t in improved)
+    store = Store(str(tmp_path / "f.db"))
+    backends = {c.backend for t in store.get_tasks(report["run_id"]) for c in store.candidates(t.id)}
+    assert "cuda" in backends
+    loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py", "cuda", "bf16")
+    opt = forge.load(tmp_path / report["artifact"], loaded.model, loaded.inputs)
+    with torch.no_grad():
+        got, want = opt(*loaded.inputs), loaded.model(*loaded.inputs)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    if report["applied"]:
+        assert all(c.hits == 1 for c in opt.counters().values())

@@ -60,6 +60,9 @@ class GuardedKernel(torch.nn.Module):
         # the guards and outputs, precomputed: a guarded call costs a few microseconds over a bare launch
         self._expect = tuple((m.torch_dtype, m.shape, m.stride) for m in art.inputs)
         self._outputs = tuple((m.shape, _contiguous(m.shape), m.torch_dtype) for m in art.outputs)
+        # empty_like(input) is cheaper than empty_strided: the guards make its layout the verified one
+        self._outputs_like = tuple((*o, next((i for i, m in enumerate(art.inputs) if (m.shape, m.stride,
+                                   m.torch_dtype) == o), None)) for o in self._outputs)
         self._cuda = self.device_type == "cuda"
         self._signature = [(m.torch_dtype, m.shape, m.stride, self._cuda, not self._cuda) for m in art.inputs]
 
@@ -87,22 +90,30 @@ class GuardedKernel(torch.nn.Module):
         return tuple(self.reference(*args))
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        # every guard in one comparison on the path that passes them; _guard names the first that fails
-        try:
-            passed = not torch.is_grad_enabled() and [
-                (a.dtype, a.shape, a.stride(), a.is_cuda, a.is_cpu) for a in args] == self._signature
-        except (AttributeError, TypeError):  # not a tensor
-            passed = False
+        # Every guard in one comparison per input on the path that passes them (_guard names the first that
+        # fails), and plain loops rather than comprehensions: this runs on every call of every kernel.
+        passed = not torch.is_grad_enabled() and len(args) == len(self._signature)
+        if passed:
+            try:
+                for a, sig in zip(args, self._signature):  # noqa: B905 - lengths checked above
+                    if (a.dtype, a.shape, a.stride(), a.is_cuda, a.is_cpu) != sig:
+                        passed = False
+                        break
+            except (AttributeError, TypeError):  # not a tensor
+                passed = False
         if not passed:
             why = self._guard(args)
             if why is not None:
                 return self._fallback(why, args)
-        if self._cuda:
-            device = args[0].device if args else torch.device("cuda")
-            outs = tuple([torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                          for shape, stride, dtype in self._outputs])
-        else:  # contiguous, as verification had them
-            outs = tuple([torch.empty_strided(shape, stride, dtype=dtype) for shape, stride, dtype in self._outputs])
+        outs = []
+        for shape, stride, dtype, like in self._outputs_like:  # contiguous, as verification had them
+            if like is not None:  # an input of this layout: empty_like is the cheapest allocation
+                outs.append(torch.empty_like(args[like]))
+            elif self._cuda:
+                outs.append(torch.empty_strided(shape, stride, dtype=dtype, device=args[0].device if args
+                                                else torch.device("cuda")))
+            else:
+                outs.append(torch.empty_strided(shape, stride, dtype=dtype))
         try:
             if self.launch is None:
                 self.launch = _launch_of(self.art)
@@ -113,7 +124,7 @@ class GuardedKernel(torch.nn.Module):
             log.warning("forge kernel %s failed, running eager: %s", self.art.key, e)
             return self._fallback("error", args)
         self.counters.hits += 1
-        return outs
+        return tuple(outs)
 
     # Called straight, not through nn.Module.__call__ (its hook machinery costs about a microsecond a call):
     # the patched graph calls every kernel on every forward. Module hooks on a GuardedKernel do not run.

@@ -274,8 +274,12 @@ def row_source(spec: TaskSpec, knobs: CudaRowKnobs) -> str:
         else:
             raise NotMine("an output that is neither per element nor per row")
     aligned = vec_pro.aligned | vec_epi.aligned
+    piv = _Emitter(inputs, spec.inputs, simplify, prefix="z")  # x at the row's first element (scalar loads)
+    piv_value = piv.value(x, r * length)
+    piv_lines = (*piv.lines, f"const float piv = {piv_value};")
     src = _row_kernel(low, knobs, cache, slots, chunk, pro.lines, x_expr, vec_pro.lines, epi_plain.lines
-                      + epi.lines + y_stores, vec_epi.lines, packs, writes, per_row.lines + row_stores, smem_type)
+                      + epi.lines + y_stores, vec_epi.lines, packs, writes, per_row.lines + row_stores, smem_type,
+                      piv_lines)
     smem_bytes = chunk * smem_type.itemsize if smem_type else 0
     attr = (f"  cudaFuncSetAttribute(forge_rows<{vec}>, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem_bytes});\n"
             f"  cudaFuncSetAttribute(forge_rows<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem_bytes});\n"
@@ -320,7 +324,8 @@ def _exact_input_dtype(node: object) -> torch.dtype | None:
 
 def _row_kernel(low: rowreduce.RowLowered, knobs: CudaRowKnobs, cache: bool, slots: int, chunk: int,
                 pro: list[str], x_expr: str, pro_vec: list[str], epi: list[str], epi_vec: list[str],
-                packs: list[str], writes: list[str], row_lines: list[str], smem: torch.dtype | None = None) -> str:
+                packs: list[str], writes: list[str], row_lines: list[str], smem: torch.dtype | None = None,
+                piv_lines: tuple[str, ...] = ()) -> str:
     """The body of the row kernel (template parameter V: the vector width of this launch)."""
     op, length, cl = low.op, low.length, knobs.cluster
     warp_rows = knobs.warp_rows
@@ -391,7 +396,17 @@ def _row_kernel(low: rowreduce.RowLowered, knobs: CudaRowKnobs, cache: bool, slo
         init = "-INFINITY" if op == "amax" else "INFINITY"
         stats += f"  float t = {init};\n" + loop([*x_lines, f"t = {fn}(t, x);"], pro_vec, pack_in, pack_out)
         stats += f"  float {v};\n" + reduce("max" if op == "amax" else "min", "t", v)
-    else:  # sums; the variance in a second pass over the registers (or memory)
+    elif reread is None and op in ("native_layer_norm", "native_group_norm", "var"):
+        # nothing kept on chip: one pass of sums shifted by the row's first value (a large mean cannot
+        # cancel the variance), so the row is read twice in all, not three times
+        stats += "".join(f"  {line}\n" for line in piv_lines)
+        stats += "  float t1 = 0.0f, t2 = 0.0f;\n" + loop([*x_lines, "const float d = x - piv; t1 += d; t2 += d * d;"],
+                                                       pro_vec)
+        stats += "  float s1, s2;\n" + reduce("sum", "t1", "s1") + reduce("sum", "t2", "s2")
+        stats += (f"  const float m1 = s1 / {length}; const float mean = piv + m1;\n"
+                  f"  const float var_ = fmaxf(s2 / {length} - m1 * m1, 0.0f);"
+                  f" const float rstd = rsqrtf(var_ + {_lit(low.eps)}); (void)rstd;\n")
+    else:  # sums; the variance in a second pass over the registers (or shared memory)
         stats += "  float t1 = 0.0f;\n" + loop([*x_lines, "t1 += x;"], pro_vec, pack_in, pack_out)
         stats += "  float sm;\n" + reduce("sum", "t1", "sm") + f"  const float mean = sm / {length}; (void)mean;\n"
         if op in ("native_layer_norm", "native_group_norm", "var"):

@@ -12,6 +12,7 @@ tasks no recipe can express (matmul, convolution, gathers) it says "not mine": n
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import logging
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ class RecipePolicy:
         self._lowered: dict[str, _Lowered | NotMine] = {}
         self._proposed: dict[str, set[Any]] = {}
         self._sources: dict[tuple[str, Any], Candidate | None] = {}
+        self._codes: dict[str, set[str]] = {}  # per task: the kernels proposed, by code (knob comment aside)
 
     def lowered(self, spec: TaskSpec) -> _Lowered:
         """The task lowered by the first recipe that takes it; raises NotMine with every reason."""
@@ -115,7 +117,7 @@ class RecipePolicy:
         if self.mine(spec) is not None:
             return []
         cls = self.knob_class(spec)
-        space = _SPACES[cls]
+        space = _relevant(_SPACES[cls], cls, self.lowered(spec))
         seen = self._proposed.setdefault(spec.key, set())
         if parent is None and cls is cuda.CudaRowKnobs:
             ideas = _row_seeds(self.lowered(spec).low)
@@ -126,10 +128,20 @@ class RecipePolicy:
         else:
             ideas = [dataclasses.replace(parent, **{k: v}) for k, vals in space.items() for v in vals
                      if getattr(parent, k) != v]
-        if self.gpu:  # drop combinations the generator refuses (the source is kept for render)
-            ideas = [k for k in dict.fromkeys(ideas) if k not in seen and self._render_cuda(spec, k) is not None]
-        fresh = [i for i in dict.fromkeys(ideas) if i not in seen]
-        seen.update(fresh)
+        codes = self._codes.setdefault(spec.key, set())
+        fresh = []
+        for idea in dict.fromkeys(ideas):
+            if idea in seen:
+                continue
+            seen.add(idea)
+            cand = self._render_cuda(spec, idea) if self.gpu else self.render(spec, idea)
+            if cand is None:  # a combination the generator refuses
+                continue
+            code = _code_key(cand)
+            if code in codes:  # knobs that do not change this task's kernel: the same code, timed already
+                continue
+            codes.add(code)
+            fresh.append(idea)
         return fresh
 
     def payload_of(self, spec: TaskSpec, knobs: dict[str, Any]) -> Any:
@@ -157,6 +169,22 @@ class RecipePolicy:
         if low.kind == "pointwise":
             return pointwise.candidate(low.low, payload)
         return rowreduce.candidate(low.low, payload)
+
+
+def _code_key(cand: Candidate) -> str:
+    """The candidate's code and flags without the generator's comment (which names the knobs)."""
+    body = "\n".join(line for line in cand.source.splitlines() if not line.startswith("// forge recipe"))
+    return hashlib.sha256((body + "\0" + " ".join(cand.flags)).encode()).hexdigest()
+
+
+def _relevant(space: dict[str, tuple[Any, ...]], cls: type, low: _Lowered) -> dict[str, tuple[Any, ...]]:
+    """The knobs that change the kernel of this op: mutating the others would only re-time the same code."""
+    if cls is not rowreduce.RowKnobs:
+        return space
+    softmax = low.low.op in ("_softmax", "_log_softmax", "logsumexp")
+    variance = low.low.op in ("native_layer_norm", "native_group_norm", "var")
+    drop = {"welford"} if softmax else {"online"} if variance else {"online", "welford"}
+    return {k: v for k, v in space.items() if k not in drop}
 
 
 def _row_seeds(low: rowreduce.RowLowered, sms: int = 132) -> list[cuda.CudaRowKnobs]:

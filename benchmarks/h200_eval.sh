@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Issue 3 on the device: the CUDA cheat corpus and the CUDA/Triton tests, then the evaluation throughput
 # benchmark. Run from the repository root on the GPU machine; writes logs under $OUT (or ./out).
+# The device image lacks sqlalchemy (the store) and diffusers (the SD3.5 zoo models): fetch their wheels here
+# into .whl/ (ignored by git: add /.whl/ to .git/info/exclude) and name .whl in the run's carry:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+#     sqlalchemy==2.1.9 greenlet diffusers==0.42.1 importlib_metadata
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"

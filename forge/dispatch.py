@@ -59,10 +59,11 @@ class GuardedKernel(torch.nn.Module):
         self.device_type = "cpu" if art.backend == "cpu" else "cuda"
         # the guards and outputs, precomputed: a guarded call costs a few microseconds over a bare launch
         self._expect = tuple((m.torch_dtype, m.shape, m.stride) for m in art.inputs)
-        self._outputs = tuple((m.shape, _contiguous(m.shape), m.torch_dtype) for m in art.outputs)
-        # empty_like(input) is cheaper than empty_strided: the guards make its layout the verified one
+        # per output: shape, strides, dtype, and an input of that layout (empty_like(input) is cheaper than
+        # empty_strided, and the guards make the input's layout the verified one), or None
+        outputs = [(m.shape, _contiguous(m.shape), m.torch_dtype) for m in art.outputs]
         self._outputs_like = tuple((*o, next((i for i, m in enumerate(art.inputs) if (m.shape, m.stride,
-                                   m.torch_dtype) == o), None)) for o in self._outputs)
+                                   m.torch_dtype) == o), None)) for o in outputs)
         self._cuda = self.device_type == "cuda"
         self._signature = [(m.torch_dtype, m.shape, m.stride, self._cuda, not self._cuda) for m in art.inputs]
 

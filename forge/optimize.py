@@ -137,9 +137,9 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
                               by_key[o.key].outputs, by_key[o.key].source)
                for o in outcomes if o.best is not None and o.library]
     folder = Path(runs_dir) / run.id
-    artifact.save(folder, kernels, {"run_id": run.id, "model": loaded.name, "device": loaded.device,
-                                    "device_model": artifact.device_model(loaded.device),
-                                    "dtype": loaded.dtype})
+    info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
+            "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype}
+    artifact.save(folder, kernels, info)
     opt = apply(loaded.model, loaded.inputs, kernels)
     eager_ms, forge_ms = interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: opt(*loaded.inputs),
                                         loaded.device)
@@ -150,9 +150,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     applied = bool(kernels) and match and forge_ms < eager_ms
     if not applied:  # never slower: the model you get is eager, and so is its time
         forge_ms = eager_ms
-        artifact.save(folder, [], {"run_id": run.id, "model": loaded.name, "device": loaded.device,
-                                   "device_model": artifact.device_model(loaded.device),
-                                   "dtype": loaded.dtype, "note": f"not applied: patched model took "
+        artifact.save(folder, [], {**info, "note": f"not applied: patched model took "
                                    f"{patched_ms:.3f} ms against eager {eager_ms:.3f} ms"})
     store.update_run(run.id, state="done", eager_ms=eager_ms, forge_ms=forge_ms)
     cost = store.run_cost(run.id)

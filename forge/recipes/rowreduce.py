@@ -19,19 +19,9 @@ from torch.utils._sympy.functions import ModularIndexing
 
 from forge.kernel import Candidate, TaskSpec
 from forge.ops import Kind, kind_of, op_name
+from forge.recipes.emit import FLOAT_TYPES, Emitter, NotMine, from_float, guard_checks, lit, shape_of, trace_task
 from forge.recipes.index import Expr, Simplifier, unit_stride_in, var
-from forge.recipes.pointwise import (
-    _FLOAT_TYPES,
-    PRELUDE,
-    NotMine,
-    _Emitter,
-    _lit,
-    _shape,
-    from_float,
-    index_type,
-    pointers,
-    trace_task,
-)
+from forge.recipes.pointwise import PRELUDE, index_type, pointers
 
 _REDUCE_OPS = {"mean", "sum", "amax", "amin", "_softmax", "_log_softmax", "logsumexp", "native_layer_norm",
                "native_group_norm", "var"}
@@ -73,7 +63,7 @@ class RowLowered:
 def lower(spec: TaskSpec) -> RowLowered:
     """Express the task as a row reduction; raises NotMine when it is not one."""
     for m in spec.inputs + spec.outputs:
-        if m.torch_dtype not in _FLOAT_TYPES:
+        if m.torch_dtype not in FLOAT_TYPES:
             raise NotMine(f"integer tensors ({m.dtype})")
     gm = trace_task(spec)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
@@ -85,7 +75,7 @@ def lower(spec: TaskSpec) -> RowLowered:
     if name not in _REDUCE_OPS:
         raise NotMine(f"no row recipe for aten.{name}")
     x = red.args[0]
-    shape = _shape(x)
+    shape = shape_of(x)
     length = _row_length(red, name, shape)
     rows = math.prod(shape) // length
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -113,13 +103,13 @@ def _lower_split(spec: TaskSpec, gm: torch.fx.GraphModule, red: torch.fx.Node, n
     simplify = Simplifier({r: rows, jo: length // inner, ji: inner})
     i = r * length + jo * inner + ji
     x = red.args[0]
-    pro = _Emitter(inputs, spec.inputs, simplify, prefix="p")
+    pro = Emitter(inputs, spec.inputs, simplify, prefix="p")
     x_expr = pro.value(x, i)
-    piv = _Emitter(inputs, spec.inputs, simplify, prefix="z")
+    piv = Emitter(inputs, spec.inputs, simplify, prefix="z")
     piv.lines.append(f"const float piv = {piv.value(x, r * length)};")
-    epi = _Emitter(inputs, spec.inputs, simplify, prefix="e",
+    epi = Emitter(inputs, spec.inputs, simplify, prefix="e",
                    special={red: lambda idx: _reduced_value(red, name, idx, epi, length)})
-    per_row = _Emitter(inputs, spec.inputs, simplify, prefix="q",
+    per_row = Emitter(inputs, spec.inputs, simplify, prefix="q",
                        special={red: lambda idx: _reduced_value(red, name, idx, per_row, length)})
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
     y_stores, row_stores = [], []
@@ -131,10 +121,7 @@ def _lower_split(spec: TaskSpec, gm: torch.fx.GraphModule, red: torch.fx.Node, n
         else:
             raise NotMine("an output that is neither per element nor per row")
         target.append(f"out{j}_p[{at}] = {from_float(v, m.torch_dtype)};")
-    guard = " || ".join([f"in[{i}].shape[{d}] != {s}" for i, m in enumerate(spec.inputs)
-                         for d, s in enumerate(m.shape)] + [f"in[{i}].stride[{d}] != {s}"
-                         for i, m in enumerate(spec.inputs) for d, s in enumerate(m.stride)
-                         if m.shape[d] > 1]) or "0"
+    guard = guard_checks(spec.inputs)
     low = RowLowered(name, rows, length, tuple(pro.lines), x_expr, tuple(piv.lines), tuple(epi.lines + y_stores),
                      tuple(per_row.lines + row_stores), name, len(spec.inputs), len(spec.outputs), guard,
                      pointers(spec.inputs, spec.outputs),
@@ -166,7 +153,7 @@ def _row_length(red: torch.fx.Node, name: str, shape: tuple[int, ...]) -> int:
     return math.prod(shape[nd - len(dims):])
 
 
-def _reduced_value(red: torch.fx.Node, name: str, idx: Expr, epi: _Emitter, length: int) -> str:
+def _reduced_value(red: torch.fx.Node, name: str, idx: Expr, epi: Emitter, length: int) -> str:
     """The reduce node's value at `idx` in pass 2, from the row statistics (mx, sm, mean, rstd)."""
     if name in ("mean", "sum", "amax", "amin", "logsumexp", "var"):
         return {"mean": "mean", "sum": "sm", "amax": "mx", "amin": "mn", "logsumexp": "(mx + logf(sm))",
@@ -273,7 +260,7 @@ def emit_cpu(low: RowLowered, knobs: RowKnobs) -> str:
             f"  #pragma omp parallel for {schedule}\n"
             f"  for (idx_t r = 0; r < {low.rows}; ++r) {{\n"
             f"    const idx_t base = r * {low.length}; (void)base;\n"
-            f"{_stats_code(low, knobs, _lit(low.eps))}{pass2}{rows}\n  }}\n  return 0;\n}}\n")
+            f"{_stats_code(low, knobs, lit(low.eps))}{pass2}{rows}\n  }}\n  return 0;\n}}\n")
 
 
 def candidate(low: RowLowered, knobs: RowKnobs) -> Candidate:

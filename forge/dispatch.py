@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,12 +48,50 @@ class Counters:
     fallbacks: Counter[str] = field(default_factory=Counter)
 
 
+# Every GuardedKernel by number, for the custom op `forge::kernel` through which torch.compile calls them.
+_KERNELS: list[weakref.ref[GuardedKernel]] = []
+
+
+@torch.library.custom_op("forge::kernel", mutates_args=())
+def _kernel_op(kernel: int, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A guarded kernel as one opaque operator: what torch.compile puts in its graph for a forge region."""
+    g = _KERNELS[kernel]()
+    if g is None:
+        raise RuntimeError(f"forge kernel #{kernel} no longer exists")
+    outs = g.forward(*args)
+    fixed = []
+    for o, (shape, stride, dtype, _) in zip(outs, g._outputs_like, strict=True):
+        # the eager fallback may return another layout, or a view of an input: the op promises fresh
+        # tensors of the verified layout (what _kernel_fake told the compiler)
+        if o.stride() != stride or o.dtype is not dtype or any(o.untyped_storage().data_ptr() ==
+                                                              a.untyped_storage().data_ptr() for a in args):
+            o = torch.empty_strided(shape, stride, dtype=dtype, device=o.device).copy_(o)
+        fixed.append(o)
+    return fixed
+
+
+@_kernel_op.register_fake
+def _kernel_fake(kernel: int, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    g = _KERNELS[kernel]()
+    if g is None:
+        raise RuntimeError(f"forge kernel #{kernel} no longer exists")
+    device = args[0].device if args else torch.device(g.device_type)
+    return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            for shape, stride, dtype, _ in g._outputs_like]
+
+
 class GuardedKernel(torch.nn.Module):
-    """Calls a kernel when the inputs are what it was verified for; the eager reference otherwise."""
+    """Calls a kernel when the inputs are what it was verified for; the eager reference otherwise.
+
+    Under torch.compile the call is the custom op `forge::kernel` (opaque to Dynamo and Inductor, which
+    compile what lies around it) rather than a graph break.
+    """
 
     def __init__(self, art: KernelArtifact, strict: bool = False) -> None:
         super().__init__()
         self.art, self.strict = art, strict
+        self.number = len(_KERNELS)
+        _KERNELS.append(weakref.ref(self))
         self.reference = compile_source(art.source)
         self.launch: Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None] | None = None
         self.counters = Counters()
@@ -91,6 +130,8 @@ class GuardedKernel(torch.nn.Module):
         return tuple(self.reference(*args))
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        if torch.compiler.is_compiling():
+            return tuple(torch.ops.forge.kernel(self.number, list(args)))
         # Every guard in one comparison per input on the path that passes them (_guard names the first that
         # fails), and plain loops rather than comprehensions: this runs on every call of every kernel.
         passed = not torch.is_grad_enabled() and len(args) == len(self._signature)

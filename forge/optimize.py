@@ -103,15 +103,18 @@ def _check_same_model(run: RunRecord, loaded: LoadedModel, keys: set[str], tasks
 
 def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recipes", budget: Budget | None = None,
              runs_dir: str | Path = "runs", progress: Progress | None = None, resume: str | None = None,
-             load: dict[str, Any] | None = None) -> OptimizeReport:
+             load: dict[str, Any] | None = None, profile_out: str | Path | None = None) -> OptimizeReport:
     """The whole job; every candidate and evaluation is stored as it happens.
 
     `resume` continues a stopped or killed run (its id) with its stored budget, trees and decisions; no
     stored candidate is evaluated again. `load` (how the model was loaded) is kept in the run's config.
+    `profile_out`: also write the profile the search starts from (forge profile's JSON) there.
     """
     start = time.monotonic()
     pol = make_policy(policy, loaded.device) if isinstance(policy, str) else policy
     prof, _ = profile_model(loaded, budget_s=1.0)
+    if profile_out:
+        prof.save(profile_out)
     if resume:
         run = resumable(store, resume)
         _check_same_model(run, loaded, {t.key for t in prof.tasks}, store.get_tasks(run.id))

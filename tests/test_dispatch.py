@@ -125,3 +125,24 @@ def test_kernels_from_another_device_model_run_only_after_verification_here(swig
     dropped = caplog.text.count("not used on this device")
     assert kept <= {a.key for a in arts} and len(kept) + dropped == len(arts)
     assert all(c.hits == 1 for c in opt.counters().values())
+
+
+def test_torch_compile_keeps_the_kernels_as_opaque_ops(swiglu):
+    """Under torch.compile each kernel is the op forge::kernel: no graph break, Inductor compiles the rest."""
+    import torch._dynamo
+
+    loaded, arts = swiglu
+    opt = apply(loaded.model, loaded.inputs, arts)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(opt)(*loaded.inputs)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    assert str(explained.graphs[0].code).count("forge.kernel") == len(arts)
+    before = {k: c.hits for k, c in opt.counters().items()}  # explain ran the model once
+    compiled = torch.compile(opt)
+    for _ in range(2):
+        x = torch.randn(4, 256, 512)
+        with torch.no_grad():
+            expected = loaded.model(x)
+        torch.testing.assert_close(compiled(x), expected)
+    counters = opt.counters()
+    assert all(c.hits == before[k] + 2 and not c.fallbacks for k, c in counters.items())  # they ran, compiled

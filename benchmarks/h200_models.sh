@@ -5,10 +5,11 @@
 #   usage: bash benchmarks/h200_models.sh "GPU0 jobs" "GPU1 jobs" ...   a job: MODEL:DTYPE[:extra,args]
 #   e.g.   bash benchmarks/h200_models.sh "resnet50:fp32 resnet50:bf16" "sd35-mmdit:bf16"
 # Carry .whl (sqlalchemy for the store, diffusers for SD3.5; see h200_eval.sh). Env: LIMIT (seconds a
-# model, default 540), BUDGET (candidates a model, 48), SEARCH_S (search seconds a model, 150).
+# model, default 540), BUDGET (candidates a model, 48), SEARCH_S (search seconds a model, 150), FIRST_GPU
+# (the GPU of the first list, default 0).
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
+if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site || exit 1
 fi
@@ -17,7 +18,7 @@ export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 -c \
   'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)'; } \
   2>&1 | tee "$OUT/env.txt"
-gpu=0
+gpu=${FIRST_GPU:-0}
 for jobs in "$@"; do
   (
     for job in $jobs; do

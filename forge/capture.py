@@ -63,6 +63,12 @@ class TensorMeta:
             span = 0
         return min(span, self.numel) * self.torch_dtype.itemsize
 
+    @property
+    def contiguous(self) -> bool:
+        """Row-major (strides of size-1 dimensions do not matter): the layout kernels write outputs in."""
+        return all(st == c for s, st, c in zip(self.shape, self.stride, contiguous_stride(self.shape), strict=True)
+                   if s != 1)
+
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form: {"shape", "dtype", "stride"}."""
         return {"shape": list(self.shape), "dtype": self.dtype, "stride": list(self.stride)}

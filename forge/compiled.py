@@ -4,7 +4,9 @@
 task's reference source through `torch.compile`), in this process, on the same inputs, interleaved call by
 call with a cache flush before each (forge's clock). `compile_with` applies the kernels that won and
 compiles the patched model: under torch.compile each kernel is the opaque op `forge::kernel` (see
-forge.dispatch), so Inductor compiles everything around it in one graph.
+forge.dispatch), so Inductor compiles everything around it in one graph. Inductor may lay tensors out
+otherwise than eager (channels-last around convolutions): a kernel whose guards then fail is dropped and
+the model compiled again without it.
 
 A region compiled alone is not quite what Inductor does with it inside the whole model (it may fuse the
 region with its neighbours there), so the choice is per region, and the end-to-end time against plain
@@ -68,4 +70,13 @@ def compile_with(model: torch.nn.Module, inputs: list[Any], kernels: list[Kernel
     """torch.compile of `model` with the kernels that beat Inductor in place; (compiled, patched module)."""
     won = {d.key for d in duels if d.forge_wins}
     patched = apply(model, inputs, [k for k in kernels if k.key in won])
-    return torch.compile(patched, **compile_kw), patched
+    compiled = torch.compile(patched, **compile_kw)
+    with torch.no_grad():
+        compiled(*inputs)  # compiles, and shows which kernels Inductor's layouts leave unused
+    unused = {k for k, c in patched.counters().items() if c.fallbacks}
+    if unused:
+        log.warning("%d forge kernels fall back under torch.compile (%s): compiling without them", len(unused),
+                    ", ".join(sorted({why for c in patched.counters().values() for why in c.fallbacks})))
+        patched = apply(model, inputs, [k for k in kernels if k.key in won - unused])
+        compiled = torch.compile(patched, **compile_kw)
+    return compiled, patched

@@ -58,7 +58,11 @@ def _kernel_op(kernel: int, args: list[torch.Tensor]) -> list[torch.Tensor]:
     g = _KERNELS[kernel]()
     if g is None:
         raise RuntimeError(f"forge kernel #{kernel} no longer exists")
-    outs = g.forward(*args)
+    if g._guard(tuple(args)) == "stride":  # Inductor chose another layout (channels-last, say) than eager's
+        g.counters.fallbacks["stride under torch.compile"] += 1
+        outs = g.reference(*[a.contiguous() for a in args])  # some eager ops take row-major inputs only
+    else:
+        outs = g.forward(*args)
     fixed = []
     for o, (shape, stride, dtype, _) in zip(outs, g._outputs_like, strict=True):
         # the eager fallback may return another layout, or a view of an input: the op promises fresh
@@ -243,7 +247,11 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     gm = cap.graph_module
     graph = gm.graph
     by_key = {k.key: k for k in kernels}
-    tasks: list[Task] = [t for t in build_tasks(graph) if t.key in by_key]
+    tasks: list[Task] = []
+    for t in build_tasks(graph):
+        if t.key not in by_key:
+            continue
+        tasks.append(t)
     guarded = {t.key: GuardedKernel(by_key[t.key], strict) for t in tasks}
     names = {}
     for i, t in enumerate(tasks):
@@ -267,6 +275,8 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
                     if u not in region and u.op == "call_function" and not u.users:
                         graph.erase_node(u)
                 graph.erase_node(n)
+    if tasks:
+        _views_to_reshapes(graph)
     new_graph = _stable_toposort(graph)
     patched = torch.fx.GraphModule(gm, new_graph)
     patched.recompile()
@@ -274,6 +284,22 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     template = cap.flat_args(marks)
     slots = [next(i for i, a in enumerate(template) if a is m) for m in marks]
     return OptimizedModule(patched, template, slots, guarded, model, inputs)
+
+
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+
+
+def _views_to_reshapes(graph: torch.fx.Graph) -> int:
+    """Kernels write their outputs row-major, where eager may have had another layout (a permuted one,
+    say), and ops downstream (attention, for one) may then lay out their own outputs differently too: a
+    `view` that relied on eager's strides may not apply to the new ones. Every view becomes a `reshape`
+    (the same view where one applies, a copy where none does). Returns how many."""
+    n = 0
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in _VIEWS:
+            node.target = torch.ops.aten.reshape.default
+            n += 1
+    return n
 
 
 def _sig(x: Any) -> Any:

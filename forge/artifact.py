@@ -3,7 +3,8 @@
 Layout: `runs/<id>/manifest.json` lists each kernel (task key, backend, entry, input and output
 tensor metadata, the task's reference source for the fallback, the library file) and
 `runs/<id>/kernels/<key>.so` (or `.py` for Triton), with the device model the kernels were tuned and
-verified on. `load()` needs no database, LLM client or search code: only forge.dispatch, which needs
+verified on, and whether the patched model is replayed as a CUDA graph (`cuda_graph`, when that measured
+faster). `load()` needs no database, LLM client or search code: only forge.dispatch, which needs
 torch. On another device model (another CPU, whose `-march=native` code may not even run, or another
 GPU) the kernels are not used until `load(..., verify=True)` has verified and timed each one there, in a
 worker process, and kept those that pass and beat eager.
@@ -104,7 +105,7 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
             if strict:
                 raise RuntimeError(msg)
             log.warning(msg)
-    return apply(model, inputs, keep, strict=strict)
+    return apply(model, inputs, keep, strict=strict, cuda_graph=bool(data.get("cuda_graph")))
 
 
 def verified_here(kernels: list[KernelArtifact], device: str) -> list[KernelArtifact]:

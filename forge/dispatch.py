@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from forge.capture import TensorMeta, capture
 from forge.launch import FixedCall, Launcher, LaunchError
@@ -213,21 +214,69 @@ def _stable_toposort(graph: torch.fx.Graph) -> torch.fx.Graph:
     return new
 
 
+class GraphReplay:
+    """A forward captured once as a CUDA graph and then replayed: no per-operator CPU work at all. Each
+    call copies its inputs into the captured input buffers and returns clones of the captured outputs
+    (the next replay overwrites those). Raises at construction when the forward cannot be captured
+    (a CPU synchronisation inside it, say)."""
+
+    def __init__(self, fn: Callable[..., Any], inputs: list[Any], warmup: int = 3) -> None:
+        self.fn = fn
+        self.static = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():  # lazy initialisations happen outside the capture
+            for _ in range(warmup):
+                fn(*self.static)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(self.graph):
+            self.out = fn(*self.static)
+
+    def __call__(self, *inputs: Any) -> Any:
+        for s, x in zip(self.static, inputs, strict=True):
+            if isinstance(s, torch.Tensor):
+                s.copy_(x)
+        self.graph.replay()
+        return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.out)
+
+
 class OptimizedModule(torch.nn.Module):
-    """The captured model with guarded kernels; `counters()` reports hits and fallbacks per task key."""
+    """The captured model with guarded kernels; `counters()` reports hits and fallbacks per task key.
+
+    With `cuda_graph` (CUDA only) the first call captures the whole patched forward as a CUDA graph and
+    later calls replay it (GraphReplay): the kernels' guards are checked while capturing, and the
+    captured inputs' shapes, dtypes and devices are checked on every call as without it. If capturing
+    fails, the module goes on without a graph (`graph_error` says why)."""
 
     def __init__(self, gm: torch.fx.GraphModule, template: list[Any], user_slots: list[int],
-                 kernels: dict[str, GuardedKernel], original: torch.nn.Module, inputs: list[Any]) -> None:
+                 kernels: dict[str, GuardedKernel], original: torch.nn.Module, inputs: list[Any],
+                 cuda_graph: bool = False) -> None:
         super().__init__()
         self.gm, self.kernels, self.original = gm, kernels, original
         self._template, self._user_slots = template, user_slots
         self._signature = [_sig(x) for x in inputs]
         self.model_fallbacks = 0  # calls whose inputs differ from the captured ones: the whole model ran eager
+        self.cuda_graph = cuda_graph and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+        self.graph_error = ""
+        self._replay: GraphReplay | None = None
 
     def forward(self, *inputs: Any) -> Any:
         if [_sig(x) for x in inputs] != self._signature:  # the graph is specialised to the captured inputs
             self.model_fallbacks += 1
             return self.original(*inputs)
+        if self.cuda_graph and not torch.compiler.is_compiling():
+            if self._replay is None:
+                try:
+                    self._replay = GraphReplay(self._run, list(inputs))
+                except Exception as e:  # noqa: BLE001 - any capture failure: run without a graph
+                    self.cuda_graph, self.graph_error = False, f"{type(e).__name__}: {e}"[:300]
+                    log.warning("forge: no CUDA graph for this model (%s); running without", self.graph_error)
+                    return self._run(*inputs)
+            return self._replay(*inputs)
+        return self._run(*inputs)
+
+    def _run(self, *inputs: Any) -> Any:
         args = list(self._template)
         for slot, x in zip(self._user_slots, inputs, strict=True):
             args[slot] = x
@@ -240,9 +289,10 @@ class OptimizedModule(torch.nn.Module):
         return {k: g.counters for k, g in self.kernels.items()}
 
 
-def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], strict: bool = False
-          ) -> OptimizedModule:
-    """Capture `model` on `inputs` and replace every region whose task key has a kernel."""
+def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], strict: bool = False,
+          cuda_graph: bool = False) -> OptimizedModule:
+    """Capture `model` on `inputs` and replace every region whose task key has a kernel; `cuda_graph`:
+    replay the patched forward as one CUDA graph (see OptimizedModule)."""
     cap = capture(model, inputs)
     gm = cap.graph_module
     graph = gm.graph
@@ -283,7 +333,7 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     marks = [object() for _ in inputs]
     template = cap.flat_args(marks)
     slots = [next(i for i, a in enumerate(template) if a is m) for m in marks]
-    return OptimizedModule(patched, template, slots, guarded, model, inputs)
+    return OptimizedModule(patched, template, slots, guarded, model, inputs, cuda_graph=cuda_graph)
 
 
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)

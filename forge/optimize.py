@@ -37,6 +37,9 @@ class OptimizeReport:
     max_rel_err: float
     applied: bool  # False: the patched model was not faster (or had no kernel), so forge returns eager
     patched_ms: float  # the patched model's measured time, applied or not
+    cuda_graph: bool  # the model you get replays the patched forward as a CUDA graph
+    graph_ms: float | None  # the patched model's time as a CUDA graph (CUDA only), used or not
+    graph_note: str  # why it could not be captured, if it could not
     tasks: tuple[TaskOutcome, ...]
     artifact: str
     cost: dict[str, float]
@@ -52,6 +55,7 @@ class OptimizeReport:
             "run_id": self.run_id, "device": self.device, "policy": self.policy, "eager_ms": self.eager_ms,
             "forge_ms": self.forge_ms, "speedup": self.speedup, "outputs_match": self.outputs_match,
             "max_rel_err": self.max_rel_err, "applied": self.applied, "patched_ms": self.patched_ms,
+            "cuda_graph": self.cuda_graph, "graph_ms": self.graph_ms, "graph_note": self.graph_note,
             "artifact": self.artifact,
             "tasks": [{"key": t.key, "family": t.family, "share": t.share, "eager_us": t.eager_us,
                        "best_us": t.best_us, "floor_us": t.floor_us, "speedup": t.speedup,
@@ -149,16 +153,31 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     fresh = [torch.randn_like(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
              for x in loaded.inputs]
     match, err = outputs_match(loaded.model, opt, fresh)
-    patched_ms = forge_ms
-    applied = bool(kernels) and match and forge_ms < eager_ms
+    patched_ms, graph_ms, graph_note = forge_ms, None, ""
+    if loaded.device.startswith("cuda"):  # the patched forward replayed as one CUDA graph: no launch cost
+        opt.cuda_graph = True
+        eager_g, graph_ms = interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: opt(*loaded.inputs),
+                                           loaded.device)
+        graph_match, graph_err = outputs_match(loaded.model, opt, fresh) if opt.cuda_graph else (False, 0.0)
+        graph_note = opt.graph_error
+        if opt.cuda_graph and graph_match and graph_ms / eager_g < forge_ms / eager_ms:
+            eager_ms, forge_ms, patched_ms, match, err = eager_g, graph_ms, graph_ms, graph_match, graph_err
+            info["cuda_graph"] = True
+        else:
+            opt.cuda_graph = False
+    graphed = bool(info.get("cuda_graph"))
+    applied = (bool(kernels) or graphed) and match and forge_ms < eager_ms
+    if applied and graphed:
+        artifact.save(folder, kernels, info)
     if not applied:  # never slower: the model you get is eager, and so is its time
         forge_ms = eager_ms
+        info.pop("cuda_graph", None)
         artifact.save(folder, [], {**info, "note": f"not applied: patched model took "
                                    f"{patched_ms:.3f} ms against eager {eager_ms:.3f} ms"})
     store.update_run(run.id, state="done", eager_ms=eager_ms, forge_ms=forge_ms)
     cost = store.run_cost(run.id)
     return OptimizeReport(run.id, loaded.device, pol.name, eager_ms, forge_ms, match, err, applied, patched_ms,
-                          tuple(outcomes),
+                          graphed and applied, graph_ms, graph_note, tuple(outcomes),
                           str(folder), {"usd": cost.usd, "tokens_in": cost.tokens_in, "tokens_out": cost.tokens_out,
                                         "device_seconds": cost.device_seconds,
                                         "wall_seconds": time.monotonic() - start})

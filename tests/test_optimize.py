@@ -61,10 +61,33 @@ def test_optimize_on_the_gpu_generates_cuda_kernels_and_keeps_outputs(tmp_path, 
     store = Store(str(tmp_path / "f.db"))
     backends = {c.backend for t in store.get_tasks(report["run_id"]) for c in store.candidates(t.id)}
     assert "cuda" in backends
+    assert report["graph_ms"] > 0 and report["graph_note"] == ""  # the patched forward was timed as a CUDA graph
     loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py", "cuda", "bf16")
     opt = forge.load(tmp_path / report["artifact"], loaded.model, loaded.inputs)
-    with torch.no_grad():
-        got, want = opt(*loaded.inputs), loaded.model(*loaded.inputs)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert opt.cuda_graph == report["cuda_graph"]
+    for _ in range(2):  # a replayed graph computes on each call's inputs
+        x = torch.randn_like(loaded.inputs[0])
+        with torch.no_grad():
+            got, want = opt(x), loaded.model(x)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     if report["applied"]:
-        assert all(c.hits == 1 for c in opt.counters().values())
+        assert opt.counters() and all(c.hits >= 1 and not c.fallbacks for c in opt.counters().values())
+
+
+@pytest.mark.cuda
+def test_a_cuda_graph_replays_the_patched_model_on_new_inputs():
+    """forge.apply(cuda_graph=True): captured on the first call, replayed after, outputs cloned out."""
+    from forge.dispatch import apply
+
+    loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py", "cuda", "bf16")
+    opt = apply(loaded.model, loaded.inputs, [], cuda_graph=True)
+    outs = []
+    for _ in range(3):
+        x = torch.randn_like(loaded.inputs[0])
+        with torch.no_grad():
+            got, want = opt(x), loaded.model(x)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+        outs.append((got, want))
+    assert opt.cuda_graph and opt.graph_error == "" and opt._replay is not None
+    got, want = outs[0]  # later replays did not overwrite what the first call returned
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

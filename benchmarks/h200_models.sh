@@ -4,6 +4,9 @@
 # under a time limit; its JSON is written after every stage, so a model cut short keeps what it measured.
 #   usage: bash benchmarks/h200_models.sh "GPU0 jobs" "GPU1 jobs" ...   a job: MODEL:DTYPE[:extra,args]
 #   e.g.   bash benchmarks/h200_models.sh "resnet50:fp32 resnet50:bf16" "sd35-mmdit:bf16"
+# Two lists at once share the host's CPU: a model that is compiling or exporting on one GPU slowed the other
+# GPU's launch-bound forwards (ResNet-50 bf16 eager went from 4.84 to 8.38 ms), so for clean numbers time
+# launch-bound models (ResNet-50, Gemma 4, Qwen 3.5) alone.
 # Carry .whl (sqlalchemy for the store, diffusers for SD3.5; see h200_eval.sh). Env: LIMIT (seconds a
 # model, default 540), BUDGET (candidates a model, 48), SEARCH_S (search seconds a model, 150), FIRST_GPU
 # (the GPU of the first list, default 0).

@@ -58,7 +58,13 @@ def _kernel_op(kernel: int, args: list[torch.Tensor]) -> list[torch.Tensor]:
     g = _KERNELS[kernel]()
     if g is None:
         raise RuntimeError(f"forge kernel #{kernel} no longer exists")
-    if g._guard(tuple(args)) == "stride":  # Inductor chose another layout (channels-last, say) than eager's
+    hits = g.counters.hits
+    if len(args) == len(g._signature) and all((a.dtype, a.shape, a.stride(), a.is_cuda, a.is_cpu) == sig
+                                              for a, sig in zip(args, g._signature)):  # noqa: B905 - checked
+        outs = g.forward(*args)
+        if g.counters.hits > hits:  # the kernel ran: its outputs are fresh, in the verified layout
+            return list(outs)
+    elif g._guard(tuple(args)) == "stride":  # Inductor chose another layout (channels-last, say) than eager's
         g.counters.fallbacks["stride under torch.compile"] += 1
         outs = g.reference(*[a.contiguous() for a in args])  # some eager ops take row-major inputs only
     else:
@@ -83,7 +89,7 @@ def _kernel_fake(kernel: int, args: list[torch.Tensor]) -> list[torch.Tensor]:
             for shape, stride, dtype, _ in g._outputs_like]
 
 
-# Defined with torch.library.Library rather than the custom_op decorator: a call costs about 4 us over the
+# Defined with torch.library.Library rather than the custom_op decorator: a call costs about 5 us over the
 # guarded call instead of 13 (measured on the CPU), and forge's kernels are for inference only anyway.
 _LIB = torch.library.Library("forge", "DEF")
 _LIB.define("kernel(int kernel, Tensor[] args) -> Tensor[]")

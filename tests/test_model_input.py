@@ -100,5 +100,10 @@ def test_meta_build_of_inputs_from_distributions(tmp_path):
     f.write_text("import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n\n"
                  "def get_inputs():\n    d = torch.distributions.Pareto(torch.tensor(1.0), torch.tensor(2.0))\n"
                  "    return [d.sample((4, 8))]\n\ndef get_init_inputs():\n    return []\n")
-    assert load_file(f, "meta").inputs[0].shape == (4, 8)
-    assert torch.distributions.Distribution._validate_args  # restored after the build
+    before = torch.distributions.Distribution._validate_args  # torch.compile elsewhere in a session turns it off
+    torch.distributions.Distribution.set_default_validate_args(True)
+    try:
+        assert load_file(f, "meta").inputs[0].shape == (4, 8)
+        assert torch.distributions.Distribution._validate_args  # restored after the build
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(before)

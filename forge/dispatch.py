@@ -49,6 +49,9 @@ class Counters:
     fallbacks: Counter[str] = field(default_factory=Counter)
 
 
+# looked up once: a guarded call runs on every call of every kernel
+_is_compiling, _grad_enabled, _empty_like = torch.compiler.is_compiling, torch.is_grad_enabled, torch.empty_like
+
 # Every GuardedKernel by number, for the custom op `forge::kernel` through which torch.compile calls them.
 _KERNELS: list[weakref.ref[GuardedKernel]] = []
 
@@ -147,11 +150,11 @@ class GuardedKernel(torch.nn.Module):
         return tuple(self.reference(*args))
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return tuple(torch.ops.forge.kernel(self.number, list(args)))
         # Every guard in one comparison per input on the path that passes them (_guard names the first that
         # fails), and plain loops rather than comprehensions: this runs on every call of every kernel.
-        passed = not torch.is_grad_enabled() and len(args) == len(self._signature)
+        passed = not _grad_enabled() and len(args) == len(self._signature)
         if passed:
             try:
                 for a, sig in zip(args, self._signature):  # noqa: B905 - lengths checked above
@@ -167,7 +170,7 @@ class GuardedKernel(torch.nn.Module):
         outs = []
         for shape, stride, dtype, like in self._outputs_like:  # contiguous, as verification had them
             if like is not None:  # an input of this layout: empty_like is the cheapest allocation
-                outs.append(torch.empty_like(args[like]))
+                outs.append(_empty_like(args[like]))
             elif self._cuda:
                 outs.append(torch.empty_strided(shape, stride, dtype=dtype, device=args[0].device if args
                                                 else torch.device("cuda")))

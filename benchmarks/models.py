@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,6 +34,22 @@ from forge.model_input import load_zoo  # noqa: E402
 from forge.optimize import optimize  # noqa: E402
 from forge.search import Budget  # noqa: E402
 from forge.store import Store  # noqa: E402
+
+
+def eager_graph(loaded: Any, row: dict, save: Callable[[], None]) -> None:
+    """What a CUDA graph alone gives eager (the share of forge's gain that is not its kernels). Last, since a
+    forward that cannot be captured may leave the CUDA context unusable."""
+    if loaded.device.startswith("cuda"):
+        from forge.dispatch import GraphReplay
+
+        try:
+            replay = GraphReplay(loaded.model, loaded.inputs)
+            e_ms, g_ms = interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: replay(*loaded.inputs),
+                                        loaded.device)
+            row.update(eager_graph_ms=g_ms, eager_graph_x=e_ms / g_ms)
+        except Exception as e:  # noqa: BLE001 - not capturable: say so in the row
+            row["eager_graph_error"] = f"{type(e).__name__}: {e}"[:300]
+        save()
 
 
 def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store: Store, tmp: str,
@@ -53,18 +70,8 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
                cuda_graph=report.cuda_graph, graph_ms=report.graph_ms, graph_note=report.graph_note,
                tasks=[t for t in report.to_json()["tasks"] if t["candidates"]])
     save()
-    if loaded.device.startswith("cuda"):  # what a CUDA graph alone gives eager: forge's share of the gain
-        from forge.dispatch import GraphReplay
-
-        try:
-            replay = GraphReplay(loaded.model, loaded.inputs)
-            e_ms, g_ms = interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: replay(*loaded.inputs),
-                                        loaded.device)
-            row.update(eager_graph_ms=g_ms, eager_graph_x=e_ms / g_ms)
-        except Exception as e:  # noqa: BLE001 - not capturable: say so in the row
-            row["eager_graph_error"] = f"{type(e).__name__}: {e}"[:300]
-        save()
     if not args.compile:
+        eager_graph(loaded, row, save)
         return
     from forge import artifact
     from forge.compiled import against_inductor, compile_with
@@ -90,6 +97,7 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
         row.update(forge_compile_ms=both_ms, over_compile_x=compile_ms / both_ms, both_match=match,
                    both_min=(time.monotonic() - start) / 60)
         save()
+    eager_graph(loaded, row, save)
 
 
 def fmt(row: dict, key: str) -> str:

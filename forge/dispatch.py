@@ -312,11 +312,7 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     gm = cap.graph_module
     graph = gm.graph
     by_key = {k.key: k for k in kernels}
-    tasks: list[Task] = []
-    for t in build_tasks(graph):
-        if t.key not in by_key:
-            continue
-        tasks.append(t)
+    tasks: list[Task] = [t for t in build_tasks(graph) if t.key in by_key]
     guarded = {t.key: GuardedKernel(by_key[t.key], strict) for t in tasks}
     names = {}
     for i, t in enumerate(tasks):

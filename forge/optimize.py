@@ -36,7 +36,7 @@ class OptimizeReport:
     outputs_match: bool
     max_rel_err: float
     applied: bool  # False: the patched model was not faster (or had no kernel), so forge returns eager
-    patched_ms: float  # the patched model's measured time, applied or not
+    patched_ms: float  # the patched model's measured time without a CUDA graph, applied or not
     cuda_graph: bool  # the model you get replays the patched forward as a CUDA graph
     graph_ms: float | None  # the patched model's time as a CUDA graph (CUDA only), used or not
     graph_note: str  # why it could not be captured, if it could not
@@ -161,7 +161,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
         graph_match, graph_err = outputs_match(loaded.model, opt, fresh) if opt.cuda_graph else (False, 0.0)
         graph_note = opt.graph_error
         if opt.cuda_graph and graph_match and graph_ms / eager_g < forge_ms / eager_ms:
-            eager_ms, forge_ms, patched_ms, match, err = eager_g, graph_ms, graph_ms, graph_match, graph_err
+            eager_ms, forge_ms, match, err = eager_g, graph_ms, graph_match, graph_err
             info["cuda_graph"] = True
         else:
             opt.cuda_graph = False

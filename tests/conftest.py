@@ -1,4 +1,4 @@
-"""Shared test helpers: paths and the `cuda` marker (skipped without an NVIDIA GPU)."""
+"""Shared test helpers: paths, the `cuda` marker (skipped without an NVIDIA GPU), the review store."""
 
 from pathlib import Path
 
@@ -17,6 +17,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def rs(tmp_path_factory):
+    """The store of a small real search with a hostile node in it (review_store.py), built once a session."""
+    from review_store import review_store
+
+    return review_store(tmp_path_factory.getbasetemp() / "review")
+
+
+@pytest.fixture(scope="session")
+def ui(rs, tmp_path_factory):
+    """`forge ui` serving `rs`, for the review tests."""
+    from review_store import start_ui
+
+    server = start_ui(rs.db, tmp_path_factory.mktemp("ui") / "ui.log")
+    yield server
+    server.stop()
 
 
 def lowerable(tasks, lower):

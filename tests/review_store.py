@@ -38,7 +38,7 @@ class ReviewStore:
 
 @functools.cache
 def review_store(folder: Path) -> ReviewStore:
-    """Run the small search into folder/forge.db (once per folder) and add the hostile node."""
+    """Run the small search into folder/forge.db and add the hostile node (conftest builds it once a session)."""
     from forge.model_input import load_file
     from forge.optimize import optimize
     from forge.search import Budget

@@ -7,24 +7,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from review_store import HOSTILE_LOG, HOSTILE_MESSAGE, HOSTILE_SOURCE, review_store, start_ui
+from review_store import HOSTILE_LOG, HOSTILE_MESSAGE, HOSTILE_SOURCE
 
 from forge.cli import main
 from forge.review.data import run_view
 from forge.review.report import report_html
 from forge.store import Store
-
-
-@pytest.fixture(scope="module")
-def rs(tmp_path_factory):
-    return review_store(tmp_path_factory.getbasetemp() / "review")
-
-
-@pytest.fixture(scope="module")
-def ui(rs, tmp_path_factory):
-    server = start_ui(rs.db, tmp_path_factory.mktemp("ui") / "ui.log")
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from review_store import HOSTILE_SOURCE, review_store, start_ui
+from review_store import HOSTILE_SOURCE, start_ui
 
 from forge.cli import main
 from forge.store import Store
@@ -17,18 +17,6 @@ CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
     pytest.skip(f"no chromium at {CHROMIUM} (Debian: apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed ('.[dev]')")
-
-@pytest.fixture(scope="module")
-def rs(tmp_path_factory):
-    return review_store(tmp_path_factory.getbasetemp() / "review")
-
-
-@pytest.fixture(scope="module")
-def ui(rs, tmp_path_factory):
-    server = start_ui(rs.db, tmp_path_factory.mktemp("ui") / "ui.log")
-    yield server
-    server.stop()
-
 
 @pytest.fixture(scope="module")
 def browser():

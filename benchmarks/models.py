@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from forge.endtoend import interleaved_ms, outputs_match  # noqa: E402
+from forge.endtoend import fresh_inputs, interleaved_ms, outputs_match  # noqa: E402
 from forge.model_input import load_zoo  # noqa: E402
 from forge.optimize import optimize  # noqa: E402
 from forge.search import Budget  # noqa: E402
@@ -92,7 +92,7 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
         both, patched = compile_with(model, inputs, kernels, duels)
         row["used_under_compile"] = len(patched.kernels)
         _, both_ms = interleaved_ms(lambda: compiled(*inputs), lambda: both(*inputs), device)
-        fresh = [torch.randn_like(x) if x.is_floating_point() else x for x in inputs]
+        fresh = fresh_inputs(inputs)
         match, _ = outputs_match(model, both, fresh)
         row.update(forge_compile_ms=both_ms, over_compile_x=compile_ms / both_ms, both_match=match,
                    both_min=(time.monotonic() - start) / 60)

@@ -72,7 +72,10 @@ def manifest_of(path: str | Path) -> tuple[Path, dict[str, Any]]:
 
 def read(path: str | Path) -> list[KernelArtifact]:
     """The kernels of an artifact folder (or its manifest.json)."""
-    manifest, data = manifest_of(path)
+    return _kernels(*manifest_of(path))
+
+
+def _kernels(manifest: Path, data: dict[str, Any]) -> list[KernelArtifact]:
     if data.get("format") != FORMAT:
         raise ValueError(f"Invalid artifact {manifest}: format {data.get('format')!r}, expected {FORMAT!r}")
     return [KernelArtifact(e["key"], e["backend"], str(manifest.parent / e["file"]), e["entry"],
@@ -87,8 +90,8 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
     Kernels tuned on another device model than this one are left out (eager runs instead, with a
     warning; `strict` raises) unless `verify`: then each is verified and timed here first, and kept only
     if it passes and is faster than eager."""
-    _, data = manifest_of(path)
-    kernels = read(path)
+    manifest, data = manifest_of(path)
+    kernels = _kernels(manifest, data)
     by_device: dict[str, list[KernelArtifact]] = {}
     for k in kernels:
         by_device.setdefault("cpu" if k.backend == "cpu" else "cuda", []).append(k)

@@ -21,7 +21,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from forge.capture import TensorMeta, capture
+from forge.capture import TensorMeta, capture, contiguous_stride
 from forge.launch import FixedCall, Launcher, LaunchError
 from forge.tasks import Task, build_tasks, compile_source, render
 
@@ -56,11 +56,16 @@ _is_compiling, _grad_enabled, _empty_like = torch.compiler.is_compiling, torch.i
 _KERNELS: list[weakref.ref[GuardedKernel]] = []
 
 
+def _kernel(number: int) -> GuardedKernel:
+    g = _KERNELS[number]()
+    if g is None:
+        raise RuntimeError(f"forge kernel #{number} no longer exists")
+    return g
+
+
 def _kernel_op(kernel: int, args: list[torch.Tensor]) -> list[torch.Tensor]:
     """A guarded kernel as one opaque operator: what torch.compile puts in its graph for a forge region."""
-    g = _KERNELS[kernel]()
-    if g is None:
-        raise RuntimeError(f"forge kernel #{kernel} no longer exists")
+    g = _kernel(kernel)
     hits = g.counters.hits
     if len(args) == len(g._signature) and all((a.dtype, a.shape, a.stride(), a.is_cuda, a.is_cpu) == sig
                                               for a, sig in zip(args, g._signature)):  # noqa: B905 - checked
@@ -84,9 +89,7 @@ def _kernel_op(kernel: int, args: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _kernel_fake(kernel: int, args: list[torch.Tensor]) -> list[torch.Tensor]:
-    g = _KERNELS[kernel]()
-    if g is None:
-        raise RuntimeError(f"forge kernel #{kernel} no longer exists")
+    g = _kernel(kernel)
     device = args[0].device if args else torch.device(g.device_type)
     return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
             for shape, stride, dtype, _ in g._outputs_like]
@@ -117,10 +120,9 @@ class GuardedKernel(torch.nn.Module):
         self.counters = Counters()
         self.device_type = "cpu" if art.backend == "cpu" else "cuda"
         # the guards and outputs, precomputed: a guarded call costs a few microseconds over a bare launch
-        self._expect = tuple((m.torch_dtype, m.shape, m.stride) for m in art.inputs)
         # per output: shape, strides, dtype, and an input of that layout (empty_like(input) is cheaper than
         # empty_strided, and the guards make the input's layout the verified one), or None
-        outputs = [(m.shape, _contiguous(m.shape), m.torch_dtype) for m in art.outputs]
+        outputs = [(m.shape, contiguous_stride(m.shape), m.torch_dtype) for m in art.outputs]
         self._outputs_like = tuple((*o, next((i for i, m in enumerate(art.inputs) if (m.shape, m.stride,
                                    m.torch_dtype) == o), None)) for o in outputs)
         self._cuda = self.device_type == "cuda"
@@ -129,10 +131,10 @@ class GuardedKernel(torch.nn.Module):
     def _guard(self, args: tuple[Any, ...]) -> str | None:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return "autograd"
-        if len(args) != len(self._expect):
+        if len(args) != len(self._signature):
             return "arity"
         cuda = self._cuda
-        for a, (dtype, shape, stride) in zip(args, self._expect, strict=True):
+        for a, (dtype, shape, stride, _, _) in zip(args, self._signature, strict=True):
             if not isinstance(a, torch.Tensor) or not (a.is_cuda if cuda else a.is_cpu):
                 return "device"
             if a.dtype is not dtype:
@@ -193,15 +195,6 @@ class GuardedKernel(torch.nn.Module):
     __call__ = forward
 
 
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides of a shape."""
-    strides, n = [], 1
-    for s in reversed(shape):
-        strides.append(n)
-        n *= max(s, 1)
-    return tuple(reversed(strides))
-
-
 def _launch_of(art: KernelArtifact) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]:
     """The kernel as a call on (inputs, outputs): fixed ForgeTensor arrays for C/CUDA, the module for Triton."""
     launcher = Launcher(art.backend, art.path, art.entry)
@@ -236,7 +229,6 @@ class GraphReplay:
     (a CPU synchronisation inside it, say)."""
 
     def __init__(self, fn: Callable[..., Any], inputs: list[Any], warmup: int = 3) -> None:
-        self.fn = fn
         self.static = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -280,7 +272,7 @@ class OptimizedModule(torch.nn.Module):
         if [_sig(x) for x in inputs] != self._signature:  # the graph is specialised to the captured inputs
             self.model_fallbacks += 1
             return self.original(*inputs)
-        if self.cuda_graph and not torch.compiler.is_compiling():
+        if self.cuda_graph and not _is_compiling():
             if self._replay is None:
                 try:
                     self._replay = GraphReplay(self._run, list(inputs))
@@ -350,17 +342,14 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
 
 
-def _views_to_reshapes(graph: torch.fx.Graph) -> int:
+def _views_to_reshapes(graph: torch.fx.Graph) -> None:
     """Kernels write their outputs row-major, where eager may have had another layout (a permuted one,
     say), and ops downstream (attention, for one) may then lay out their own outputs differently too: a
     `view` that relied on eager's strides may not apply to the new ones. Every view becomes a `reshape`
-    (the same view where one applies, a copy where none does). Returns how many."""
-    n = 0
+    (the same view where one applies, a copy where none does)."""
     for node in graph.nodes:
         if node.op == "call_function" and node.target in _VIEWS:
             node.target = torch.ops.aten.reshape.default
-            n += 1
-    return n
 
 
 def _sig(x: Any) -> Any:

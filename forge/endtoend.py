@@ -73,6 +73,11 @@ def compare(expected: Any, got: Any) -> tuple[bool, float]:
     return ok, worst
 
 
+def fresh_inputs(inputs: list[Any]) -> list[Any]:
+    """New random values for the floating-point tensors of `inputs` (the others kept), to compare on."""
+    return [torch.randn_like(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+
+
 def outputs_match(model: torch.nn.Module, optimized: Callable[..., Any], inputs: list[Any]) -> tuple[bool, float]:
     """(match, max relative error against eager) of the optimized model on `inputs`; see the module docstring."""
     with torch.no_grad():

@@ -8,11 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from forge import artifact
 from forge.dispatch import KernelArtifact, apply
-from forge.endtoend import interleaved_ms, outputs_match
+from forge.endtoend import fresh_inputs, interleaved_ms, outputs_match
 from forge.errors import UserError
 from forge.evaluate import Evaluator
 from forge.model_input import LoadedModel
@@ -146,14 +144,12 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     folder = Path(runs_dir) / run.id
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
             "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype}
-    artifact.save(folder, kernels, info)
     opt = apply(loaded.model, loaded.inputs, kernels)
     eager_ms, forge_ms = interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: opt(*loaded.inputs),
                                         loaded.device)
-    fresh = [torch.randn_like(x) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-             for x in loaded.inputs]
+    fresh = fresh_inputs(loaded.inputs)
     match, err = outputs_match(loaded.model, opt, fresh)
-    patched_ms, graph_ms, graph_note = forge_ms, None, ""
+    patched_ms, graph_ms, graph_note, graphed = forge_ms, None, "", False
     if loaded.device.startswith("cuda"):  # the patched forward replayed as one CUDA graph: no launch cost
         opt.cuda_graph = True
         eager_g, graph_ms = interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: opt(*loaded.inputs),
@@ -161,17 +157,12 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
         graph_match, graph_err = outputs_match(loaded.model, opt, fresh) if opt.cuda_graph else (False, 0.0)
         graph_note = opt.graph_error
         if opt.cuda_graph and graph_match and graph_ms / eager_g < forge_ms / eager_ms:
-            eager_ms, forge_ms, match, err = eager_g, graph_ms, graph_match, graph_err
-            info["cuda_graph"] = True
-        else:
-            opt.cuda_graph = False
-    graphed = bool(info.get("cuda_graph"))
+            eager_ms, forge_ms, match, err, graphed = eager_g, graph_ms, graph_match, graph_err, True
     applied = (bool(kernels) or graphed) and match and forge_ms < eager_ms
-    if applied and graphed:
-        artifact.save(folder, kernels, info)
-    if not applied:  # never slower: the model you get is eager, and so is its time
+    if applied:
+        artifact.save(folder, kernels, {**info, "cuda_graph": True} if graphed else info)
+    else:  # never slower: the model you get is eager, and so is its time
         forge_ms = eager_ms
-        info.pop("cuda_graph", None)
         artifact.save(folder, [], {**info, "note": f"not applied: patched model took "
                                    f"{patched_ms:.3f} ms against eager {eager_ms:.3f} ms"})
     store.update_run(run.id, state="done", eager_ms=eager_ms, forge_ms=forge_ms)

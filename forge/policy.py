@@ -134,7 +134,7 @@ class RecipePolicy:
             if idea in seen:
                 continue
             seen.add(idea)
-            cand = self._render_cuda(spec, idea) if self.gpu else self.render(spec, idea)
+            cand = self._render(spec, idea)
             if cand is None:  # a combination the generator refuses
                 continue
             code = _code_key(cand)
@@ -148,11 +148,18 @@ class RecipePolicy:
         """The knobs dataclass of stored knobs (the inverse of storing it): how --resume rebuilds a tree."""
         return self.knob_class(spec)(**knobs)
 
-    def _render_cuda(self, spec: TaskSpec, knobs: Any) -> Candidate | None:
+    def _render(self, spec: TaskSpec, knobs: Any) -> Candidate | None:
+        """The candidate for these knobs, rendered once (None: a combination the generator refuses)."""
         key = (spec.key, knobs)
         if key not in self._sources:
+            low = self.lowered(spec)
             try:
-                self._sources[key] = cuda.candidate(spec, knobs)
+                if self.gpu:
+                    self._sources[key] = cuda.candidate(spec, knobs, low.low)
+                elif low.kind == "pointwise":
+                    self._sources[key] = pointwise.candidate(low.low, knobs)
+                else:
+                    self._sources[key] = rowreduce.candidate(low.low, knobs)
             except NotMine as e:
                 log.debug("no kernel for %s: %s", knobs, e)
                 self._sources[key] = None
@@ -160,15 +167,10 @@ class RecipePolicy:
 
     def render(self, spec: TaskSpec, payload: Any) -> Candidate:
         """The C (cpu) or CUDA source for these knobs."""
-        if self.gpu:
-            cand = self._render_cuda(spec, payload)
-            if cand is None:
-                raise NotMine(f"no CUDA kernel for {payload}")
-            return cand
-        low = self.lowered(spec)
-        if low.kind == "pointwise":
-            return pointwise.candidate(low.low, payload)
-        return rowreduce.candidate(low.low, payload)
+        cand = self._render(spec, payload)
+        if cand is None:
+            raise NotMine(f"no {'CUDA' if self.gpu else 'C'} kernel for {payload}")
+        return cand
 
 
 def _code_key(cand: Candidate) -> str:

@@ -18,6 +18,8 @@ Builds include only forge_abi.h and this file's prelude: no cuda_bf16.h (it cost
 
 from __future__ import annotations
 
+from typing import Any
+
 from forge.kernel import Candidate, TaskSpec
 from forge.recipes import pointwise, rowreduce
 from forge.recipes.cuda_common import PRELUDE, CudaKnobs, CudaRowKnobs
@@ -28,9 +30,10 @@ from forge.recipes.emit import NotMine
 __all__ = ["PRELUDE", "CudaKnobs", "CudaRowKnobs", "candidate", "pointwise_source", "row_source", "supported"]
 
 
-def candidate(spec: TaskSpec, knobs: CudaKnobs | CudaRowKnobs) -> Candidate:
-    """A cuda Candidate for these knobs (fast math: also nvcc's approximate division and square root)."""
-    src = pointwise_source(spec, knobs) if isinstance(knobs, CudaKnobs) else row_source(spec, knobs)
+def candidate(spec: TaskSpec, knobs: CudaKnobs | CudaRowKnobs, low: Any = None) -> Candidate:
+    """A cuda Candidate for these knobs (fast math: also nvcc's approximate division and square root);
+    `low`: the task's pointwise or row lowering when the caller has it already."""
+    src = pointwise_source(spec, knobs, low) if isinstance(knobs, CudaKnobs) else row_source(spec, knobs, low)
     return Candidate("cuda", src, flags=("--use_fast_math",) if knobs.fast_math else ())
 
 

@@ -9,9 +9,10 @@ from forge.recipes.emit import FLOAT_TYPES, Emitter, from_float, guard_checks, t
 from forge.recipes.index import Simplifier, var
 
 
-def pointwise_source(spec: TaskSpec, knobs: CudaKnobs) -> str:
-    """The CUDA source of a pointwise task with these knobs; NotMine if it is not pointwise."""
-    low = pointwise.lower(spec)
+def pointwise_source(spec: TaskSpec, knobs: CudaKnobs, low: pointwise.Lowered | None = None) -> str:
+    """The CUDA source of a pointwise task with these knobs; NotMine if it is not pointwise. `low`: the
+    task's pointwise lowering, if the caller has it."""
+    low = low if low is not None else pointwise.lower(spec)
     gm = trace_task(spec)
     inner = low.inner
     vec = vec_for(inner, knobs.vec)

@@ -14,9 +14,10 @@ from forge.recipes.emit import FLOAT_TYPES, VIEWS, Emitter, NotMine, from_float,
 from forge.recipes.index import Expr, Simplifier, var
 
 
-def row_source(spec: TaskSpec, knobs: CudaRowKnobs) -> str:
-    """The CUDA source of a row-reduction task with these knobs; NotMine if it is not one."""
-    low = rowreduce.lower(spec)  # validates the task and gives rows and length
+def row_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowered | None = None) -> str:
+    """The CUDA source of a row-reduction task with these knobs; NotMine if it is not one. `low`: the
+    task's row lowering, if the caller has it."""
+    low = low if low is not None else rowreduce.lower(spec)  # validates the task; rows and length
     rows, length = low.rows, low.length
     gm = trace_task(spec)
     red = next(n for n in gm.graph.nodes if n.op == "call_function" and rowreduce.op_name(n.target) == low.op)

@@ -9,6 +9,7 @@ output is rounded once to its dtype. What cannot be expressed raises `NotMine` w
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from typing import Any
@@ -239,9 +240,15 @@ class Emitter:
 
 
 def trace_task(spec: TaskSpec) -> torch.fx.GraphModule:
-    """The task's reference traced back to an ATen graph on meta tensors; NotMine if it cannot be."""
-    fake = [torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device="meta") for m in spec.inputs]
-    fn = compile_source(spec.source)
+    """The task's reference traced back to an ATen graph on meta tensors; NotMine if it cannot be. Traced
+    once per source and inputs (the recipes only read the graph): every rendering of a task needs it."""
+    return _trace(spec.source, spec.inputs)
+
+
+@functools.lru_cache(maxsize=64)
+def _trace(source: str, inputs: tuple[TensorMeta, ...]) -> torch.fx.GraphModule:
+    fake = [torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device="meta") for m in inputs]
+    fn = compile_source(source)
     try:
         return make_fx(lambda *args: fn(*args))(*fake)  # the lambda hides region's optional `device`
     except Exception as e:

@@ -280,7 +280,7 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, store: Store, run_i
     done_at = [s.last_at for s in states if s.last_at is not None]
     if done_at:  # the time the stopped run had already searched counts against --seconds
         created = store.get_run(run_id).created_at
-        newest, created = max(done_at), created
+        newest = max(done_at)
         if newest.tzinfo is None or created.tzinfo is None:
             newest, created = newest.replace(tzinfo=timezone.utc), created.replace(tzinfo=timezone.utc)
         spent = max(0.0, (newest - created).total_seconds())

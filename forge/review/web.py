@@ -31,7 +31,7 @@ from forge.review.data import (
 )
 from forge.review.report import report_json
 from forge.review.svg import esc
-from forge.store import Store
+from forge.store import RunRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,7 @@ def create_app(store: Store) -> FastAPI:
             return JSONResponse({"error": message}, status_code=404)
         return PlainTextResponse(message, status_code=404)
 
-    def runs_version() -> tuple[str, bool]:
-        runs = store.list_runs()
+    def runs_version(runs: list[RunRecord]) -> tuple[str, bool]:
         return ";".join(f"{r.id}:{r.state}:{r.forge_ms}" for r in runs), any(r.state == "running" for r in runs)
 
     @app.get("/favicon.ico")
@@ -111,12 +110,13 @@ def create_app(store: Store) -> FastAPI:
 
     @app.get("/api/runs")
     def api_runs() -> dict[str, Any]:
-        version, running = runs_version()
+        runs = store.list_runs()
+        version, running = runs_version(runs)
         return {"version": version, "running": running, "runs": [
             {"id": s.run.id, "model": s.run.model, "device": s.run.device, "dtype": s.run.dtype,
              "policy": s.run.policy, "state": s.run.state, "created_at": s.run.created_at.isoformat(),
              "eager_ms": s.run.eager_ms, "forge_ms": s.run.forge_ms, "speedup": s.speedup, "wall_seconds": s.wall_s,
-             "usd": s.cost.usd, "device_seconds": s.cost.device_seconds} for s in list_summaries(store)]}
+             "usd": s.cost.usd, "device_seconds": s.cost.device_seconds} for s in (summarize(store, r) for r in runs)]}
 
     @app.get("/api/runs/{run_id}")
     def api_run(run_id: str) -> dict[str, Any]:
@@ -152,9 +152,10 @@ def create_app(store: Store) -> FastAPI:
 
     @app.get("/", response_class=HTMLResponse)
     def page_runs() -> str:
-        version, running = runs_version()
+        runs = store.list_runs()
+        version, running = runs_version(runs)
         body = (f'{_nav()}<h1>Runs <span class="live" id="live"></span></h1><div id="content">'
-                f"{html.runs_table(list_summaries(store))}</div>")
+                f"{html.runs_table([summarize(store, r) for r in runs])}</div>")
         return html.page("forge runs", body, inline_css=False, scripts=["/static/forge.js"],
                          body_attrs=_live_attrs("/api/runs", "/fragments/runs", version, running))
 

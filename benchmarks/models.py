@@ -1,23 +1,27 @@
-"""End to end on the reference models: eager, torch.compile, forge over eager, forge with torch.compile.
+"""End to end on the reference models: eager, torch.compile (default and reduce-overhead) and forge's result.
 
-For each zoo model: `forge optimize` (recipe policy, the given budget) gives the patched model and eager
-and forge times measured interleaved in one process; then torch.compile of the eager model and of the
-patched model (Inductor compiles what lies between forge's kernels, which are opaque calls to it) are
-timed against eager the same way (interleaved medians, CUDA events). Outputs of every variant are
-compared with eager on fresh inputs.
+For each zoo model: `forge optimize` as a user runs it (recipe policy, its default wall-time budget unless
+--seconds says otherwise), then its result rebuilt from the artifact with `forge.load` (what a user gets),
+and torch.compile of the eager model in its default mode and with `mode="reduce-overhead"`. The four are
+timed interleaved in this process, round-robin call by call (CUDA events around each call after a
+device-wide synchronisation; medians, with p10 and p90), and the outputs of each are compared with eager's
+on fresh inputs (forge.endtoend's tolerance). Run one model a process (h200_models.sh does).
 
-    python benchmarks/models.py --device cuda --dtype bf16 --models resnet50 sd35-vae-decoder ...
-    python benchmarks/models.py --device cpu --models resnet50 --batch 2 --resolution 64 --budget 8   # smoke
+    python benchmarks/models.py --device cuda --dtype bf16 --models resnet50 --json out/resnet50.bf16.json
+    python benchmarks/models.py --device cpu --models resnet50 --batch 2 --resolution 64 --seconds 30   # smoke
 
-Prints a markdown table (and --json rows).
+Writes a list of rows {"model", "dtype", "eager_ms", "compile_ms", "compile_ro_ms", "forge_ms", "variant",
+"outputs_match", "peak_mem_ratio", "optimize_s", "commit", "date", ...} (--json) and prints a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import datetime
 import json
 import logging
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,80 +33,75 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from forge.endtoend import fresh_inputs, interleaved_ms, outputs_match  # noqa: E402
+import forge  # noqa: E402
+from forge.endtoend import _time_once, fresh_inputs, outputs_match  # noqa: E402
 from forge.model_input import load_zoo  # noqa: E402
 from forge.optimize import optimize  # noqa: E402
 from forge.search import Budget  # noqa: E402
 from forge.store import Store  # noqa: E402
 
 
-def eager_graph(loaded: Any, row: dict, save: Callable[[], None]) -> None:
-    """What a CUDA graph alone gives eager (the share of forge's gain that is not its kernels). Last, since a
-    forward that cannot be captured may leave the CUDA context unusable."""
-    if loaded.device.startswith("cuda"):
-        from forge.dispatch import GraphReplay
+def round_robin(fns: dict[str, Callable[[], Any]], device: str, runs: int = 25, warmup: int = 3) -> dict[str, dict]:
+    """Each callable timed in turn, call by call; per name the median, p10 and p90 in ms."""
+    cuda = device.startswith("cuda")
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    with torch.no_grad():
+        for _ in range(warmup):
+            for f in fns.values():
+                f()
+        for _ in range(runs):
+            for k, f in fns.items():
+                samples[k].append(_time_once(f, cuda))
+    out = {}
+    for k, s in samples.items():
+        s = sorted(s)
+        out[k] = {"median": statistics.median(s), "p10": s[int(0.1 * (len(s) - 1))], "p90": s[int(0.9 * (len(s) - 1))]}
+    return out
 
-        try:
-            replay = GraphReplay(loaded.model, loaded.inputs)
-            e_ms, g_ms = interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: replay(*loaded.inputs),
-                                        loaded.device)
-            row.update(eager_graph_ms=g_ms, eager_graph_x=e_ms / g_ms)
-        except Exception as e:  # noqa: BLE001 - not capturable: say so in the row
-            row["eager_graph_error"] = f"{type(e).__name__}: {e}"[:300]
-        save()
+
+def commit() -> str:
+    """The checkout's commit (with +dirty when the tree has changes), or 'unknown'."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
-def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store: Store, tmp: str,
-              row: dict, save: Callable[[], None]) -> None:
-    """One model: optimize, then the torch.compile variants, all against eager. Fills `row` stage by stage
-    and calls `save` after each, so a run cut short keeps what it measured."""
-    start = time.monotonic()
+def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store: Store, tmp: str, row: dict,
+              save: Callable[[], None]) -> None:
+    """One model: optimize (timed whole), rebuild its result, compile eager twice, time all four round-robin."""
     loaded = load_zoo(name, args.device, args.dtype, **sizes)
-    profile_out = None
-    if args.profiles:
-        Path(args.profiles).mkdir(parents=True, exist_ok=True)
-        profile_out = Path(args.profiles) / f"{name}.{args.device.split(':')[0]}.{args.dtype}.json"
-    report = optimize(loaded, store, budget=Budget(candidates=args.budget, seconds=args.seconds),
-                      runs_dir=Path(tmp) / "runs", profile_out=profile_out)
-    row.update(eager_ms=report.eager_ms, forge_ms=report.forge_ms, forge_x=report.speedup, applied=report.applied,
-               patched_ms=report.patched_ms, forge_match=report.outputs_match,
-               search_min=(time.monotonic() - start) / 60,
-               cuda_graph=report.cuda_graph, graph_ms=report.graph_ms, graph_note=report.graph_note,
-               tasks=[t for t in report.to_json()["tasks"] if t["candidates"]])
-    save()
-    if not args.compile:
-        eager_graph(loaded, row, save)
-        return
-    from forge import artifact
-    from forge.compiled import against_inductor, compile_with
-
     model, inputs, device = loaded.model, loaded.inputs, loaded.device
     start = time.monotonic()
-    compiled = torch.compile(model)
-    eager_ms, compile_ms = interleaved_ms(lambda: model(*inputs), lambda: compiled(*inputs), device)
-    row.update(compile_ms=compile_ms, compile_x=eager_ms / compile_ms, compile_min=(time.monotonic() - start) / 60)
+    budget = Budget(**({"seconds": args.seconds} if args.seconds else {}))
+    report = optimize(loaded, store, budget=budget, runs_dir=Path(tmp) / "runs", inductor=args.inductor)
+    row.update(optimize_s=time.monotonic() - start, variant=report.variant.name if report.variant else "eager",
+               optimize_eager_ms=report.eager_ms, optimize_forge_ms=report.forge_ms,
+               peak_mem_ratio=report.peak_mem_ratio, run=report.to_json())
     save()
-    kernels = artifact.read(report.artifact) if report.artifact else []
-    if kernels:
-        start = time.monotonic()
-        duels = against_inductor(kernels, device)
-        row.update(kept=sum(d.forge_wins for d in duels), kernels=len(kernels),
-                   duels=[dataclasses.asdict(d) for d in duels])
-        save()
-        both, patched = compile_with(model, inputs, kernels, duels)
-        row["used_under_compile"] = len(patched.kernels)
-        _, both_ms = interleaved_ms(lambda: compiled(*inputs), lambda: both(*inputs), device)
-        fresh = fresh_inputs(inputs)
-        match, _ = outputs_match(model, both, fresh)
-        row.update(forge_compile_ms=both_ms, over_compile_x=compile_ms / both_ms, both_match=match,
-                   both_min=(time.monotonic() - start) / 60)
-        save()
-    eager_graph(loaded, row, save)
-
-
-def fmt(row: dict, key: str) -> str:
-    """A number of the table, or '-'."""
-    return f"{row[key]:.2f}" if isinstance(row.get(key), float) else "-"
+    ours = forge.load(report.artifact, model, inputs)  # what a user gets from the artifact
+    fns: dict[str, Callable[[], Any]] = {"eager": lambda: model(*inputs), "forge": lambda: ours(*inputs)}
+    compiled = {}
+    for key, mode in (("compile", None), ("compile_ro", "reduce-overhead")):
+        t0 = time.monotonic()
+        compiled[key] = torch.compile(model, mode=mode)
+        with torch.no_grad():
+            compiled[key](*inputs)
+        row[f"{key}_s"] = time.monotonic() - t0
+        fns[key] = lambda c=compiled[key]: c(*inputs)
+    times = round_robin(fns, device)
+    fresh = fresh_inputs(inputs)
+    matches = {k: outputs_match(model, f, fresh) for k, f in (("forge", ours), *compiled.items())}
+    row.update({f"{k}_ms": t["median"] for k, t in times.items()}, spread={k: [t["p10"], t["p90"]] for k, t in
+               times.items()}, outputs_match=matches["forge"][0], max_rel_err=matches["forge"][1],
+               compile_match=matches["compile"][0], compile_ro_match=matches["compile_ro"][0])
+    best = min(row["compile_ms"], row["compile_ro_ms"])
+    row.update(forge_x_eager=row["eager_ms"] / row["forge_ms"], forge_x_compile=best / row["forge_ms"])
 
 
 def main() -> int:
@@ -110,17 +109,17 @@ def main() -> int:
     p.add_argument("--models", nargs="+", default=["resnet50"])
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bf16")
-    p.add_argument("--budget", type=int, default=48, help="candidates over all tasks of a model")
-    p.add_argument("--seconds", type=float, default=600.0, help="search wall time of a model")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True, help="also torch.compile")
+    p.add_argument("--seconds", type=float, help="forge optimize's wall-time budget (default: forge's own)")
+    p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True)
     for name in ("layers", "batch", "seq", "resolution"):
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--json")
-    p.add_argument("--profiles", metavar="DIR", help="also write each model's profile (forge profile's JSON) here")
     args = p.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("forge.capture", "forge.rewrites", "torch"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}
-    rows = []
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(f"sqlite:///{tmp}/models.db")
 
@@ -129,27 +128,25 @@ def main() -> int:
                 Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
         for name in args.models:
-            rows.append({"model": name, "dtype": args.dtype, "sizes": sizes})
+            rows.append({"model": name, "dtype": args.dtype, "sizes": sizes, "commit": commit(),
+                         "date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name()
+                         if args.device.startswith("cuda") else "cpu", "torch": torch.__version__})
             try:
                 run_model(name, args, sizes, store, tmp, rows[-1], save)
             except Exception as e:  # noqa: BLE001 - one model failing must not lose the others' rows
                 logging.exception("%s failed", name)
                 rows[-1]["error"] = f"{type(e).__name__}: {e}"[:300]
             save()
-            print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("tasks", "duels")}), flush=True)
-    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"\n{name}; torch {torch.__version__}; budget {args.budget} candidates; sizes {sizes or 'default'}\n")
-    print("| model | dtype | eager ms | eager as CUDA graph ms | torch.compile ms | forge ms | forge x | "
-          "forge+compile ms | over compile x | kernels kept under compile | outputs match |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| model | dtype | eager ms | torch.compile ms | compile reduce-overhead ms | forge ms | forge / eager | "
+          "forge / faster compile | variant | outputs match | peak mem x eager | optimize s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        kept = f"{r.get('used_under_compile', r['kept'])} of {r['kernels']}" if "kept" in r else "-"
-        match = f"{r.get('forge_match', '-')}" + (f" / {r['both_match']}" if "both_match" in r else "")
-        match += f" (failed: {r['error']})" if "error" in r else ""
-        graph = " (CUDA graph)" if r.get("cuda_graph") else ""
-        print(f"| {r['model']} | {r['dtype']} | {fmt(r, 'eager_ms')} | {fmt(r, 'eager_graph_ms')} | "
-              f"{fmt(r, 'compile_ms')} | {fmt(r, 'forge_ms')}{graph} | "
-              f"{fmt(r, 'forge_x')} | {fmt(r, 'forge_compile_ms')} | {fmt(r, 'over_compile_x')} | {kept} | {match} |")
+        def f(k: str, r: dict = r) -> str:
+            return f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-"
+        print(f"| {r['model']} | {r['dtype']} | {f('eager_ms')} | {f('compile_ms')} | {f('compile_ro_ms')} | "
+              f"{f('forge_ms')} | {f('forge_x_eager')}x | {f('forge_x_compile')}x | {r.get('variant', '-')} | "
+              f"{r.get('outputs_match', '-')} | {f('peak_mem_ratio')} | {f('optimize_s')} |"
+              + (f" failed: {r['error']}" if "error" in r else ""))
     return 0
 
 

@@ -3,8 +3,8 @@
 Layout: `runs/<id>/manifest.json` lists each kernel (task key, backend, entry, input and output
 tensor metadata, the task's reference source for the fallback, the library file) and
 `runs/<id>/kernels/<key>.so` (or `.py` for Triton), with the device model the kernels were tuned and
-verified on, and whether the patched model is replayed as a CUDA graph (`cuda_graph`, when that measured
-faster). `load()` needs no database, LLM client or search code: only forge.dispatch, which needs
+verified on, and the variant the result is (forge.variants: kernels or not, whole-graph rewrites, runtime),
+which `load` rebuilds. `load()` needs no database, LLM client or search code: only forge.dispatch, which needs
 torch. On another device model (another CPU, whose `-march=native` code may not even run, or another
 GPU) the kernels are not used until `load(..., verify=True)` has verified and timed each one there, in a
 worker process, and kept those that pass and beat eager.
@@ -19,8 +19,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from forge.capture import TensorMeta
-from forge.dispatch import KernelArtifact, OptimizedModule, apply
+from forge.dispatch import KernelArtifact, apply
 
 FORMAT = "forge.artifact/1"
 log = logging.getLogger(__name__)
@@ -84,7 +86,7 @@ def _kernels(manifest: Path, data: dict[str, Any]) -> list[KernelArtifact]:
 
 
 def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, verify: bool = False
-         ) -> OptimizedModule:
+         ) -> torch.nn.Module:
     """Apply an artifact's kernels to `model` captured on `inputs`.
 
     Kernels tuned on another device model than this one are left out (eager runs instead, with a
@@ -108,7 +110,17 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
             if strict:
                 raise RuntimeError(msg)
             log.warning(msg)
-    return apply(model, inputs, keep, strict=strict, cuda_graph=bool(data.get("cuda_graph")))
+    if "variant" not in data:  # an artifact from before variants: kernels, and a CUDA graph when it says so
+        return apply(model, inputs, keep, strict=strict, cuda_graph=bool(data.get("cuda_graph")))
+    from forge.variants import Variant, build
+
+    try:
+        variant = Variant.parse(data["variant"])
+    except ValueError as e:
+        raise ValueError(f"Invalid artifact {manifest}: {e}") from e
+    device = "cuda" if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs) else "cpu"
+    fn, _, _ = build(model, inputs, keep, variant, device, strict=strict)
+    return fn
 
 
 def verified_here(kernels: list[KernelArtifact], device: str) -> list[KernelArtifact]:

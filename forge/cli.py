@@ -172,7 +172,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         console.print(f"  {key}: {n} candidates, best {best:.2f}x" if best else f"  {key}: {n} candidates")
 
     report = optimize(loaded, store, policy=pol, budget=budget, progress=progress, resume=args.resume,
-                      load=load)
+                      load=load, inductor=args.inductor)
     print_optimize(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
@@ -218,8 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", metavar="RUN", help="answer every LLM request from run RUN's stored calls only "
                    "(no network, no key)")
     p.add_argument("--prices", metavar="JSON", help="LLM prices overriding forge/llm/prices.json")
-    p.add_argument("--budget", type=int, default=48, help="candidates over all tasks")
-    p.add_argument("--seconds", type=float, default=600.0, help="wall-time budget of the search")
+    p.add_argument("--budget", type=int, default=400, help="candidates over all tasks, at most (default 400: a cap; "
+                   "--seconds is what ends a run)")
+    p.add_argument("--seconds", type=float, default=300.0, help="wall time of the whole run: capture, search, "
+                   "rewrites and the final timing (default 300)")
+    p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure the result compiled by torch.compile and keep it when faster (default on)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
     p.add_argument("--resume", metavar="RUN", help="continue a stopped or killed run (its id) with its own "

@@ -21,7 +21,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from forge.capture import TensorMeta, capture, contiguous_stride
+from forge.capture import Capture, TensorMeta, capture, contiguous_stride
 from forge.launch import FixedCall, Launcher, LaunchError
 from forge.tasks import Task, build_tasks, compile_source, render
 
@@ -297,11 +297,12 @@ class OptimizedModule(torch.nn.Module):
 
 
 def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], strict: bool = False,
-          cuda_graph: bool = False) -> OptimizedModule:
+          cuda_graph: bool = False, cap: Capture | None = None) -> OptimizedModule:
     """Capture `model` on `inputs` and replace every region whose task key has a kernel; `cuda_graph`:
-    replay the patched forward as one CUDA graph (see OptimizedModule)."""
-    cap = capture(model, inputs)
-    gm = cap.graph_module
+    replay the patched forward as one CUDA graph (see OptimizedModule). `cap`: a capture of the same model
+    and inputs to start from (copied, not changed), instead of capturing again."""
+    cap = capture(model, inputs) if cap is None else cap
+    gm = _copy(cap.graph_module)
     graph = gm.graph
     by_key = {k.key: k for k in kernels}
     tasks: list[Task] = [t for t in build_tasks(graph) if t.key in by_key]
@@ -337,6 +338,13 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     template = cap.flat_args(marks)
     slots = [next(i for i, a in enumerate(template) if a is m) for m in marks]
     return OptimizedModule(patched, template, slots, guarded, model, inputs, cuda_graph=cuda_graph)
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A graph module with its own copy of `gm`'s graph (node metadata shared): patching it leaves `gm` as is."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return torch.fx.GraphModule(gm, graph)
 
 
 _VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)

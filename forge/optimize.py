@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from forge import artifact
-from forge.dispatch import KernelArtifact, apply
-from forge.endtoend import fresh_inputs, interleaved_ms, outputs_match
+from forge.dispatch import KernelArtifact
 from forge.errors import UserError
 from forge.evaluate import Evaluator
 from forge.model_input import LoadedModel
@@ -18,8 +17,13 @@ from forge.policy import Policy, RecipePolicy
 from forge.profile import profile_model
 from forge.search import Budget, Progress, TaskOutcome, search
 from forge.store import RunRecord, Store, TaskRecord
+from forge.variants import Measured, Variant, choose
 
 log = logging.getLogger(__name__)
+
+# Of a run's --seconds, the search gets the first part; no Inductor compilation of the result starts after
+# this fraction (a compilation of a reference model takes 10-60 s on an H200's host).
+_SEARCH_SHARE, _COMPILE_BY = 0.55, 0.8
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class OptimizeReport:
     tasks: tuple[TaskOutcome, ...]
     artifact: str
     cost: dict[str, float]
+    variant: Variant | None = None  # what the model you get is made of (None: eager, nothing was faster)
+    variants: tuple[Measured, ...] = ()  # every variant measured end to end, in the order tried
+    peak_mem_ratio: float | None = None  # CUDA: peak device memory of a forward of the result over eager's
 
     @property
     def speedup(self) -> float:
@@ -54,7 +61,8 @@ class OptimizeReport:
             "forge_ms": self.forge_ms, "speedup": self.speedup, "outputs_match": self.outputs_match,
             "max_rel_err": self.max_rel_err, "applied": self.applied, "patched_ms": self.patched_ms,
             "cuda_graph": self.cuda_graph, "graph_ms": self.graph_ms, "graph_note": self.graph_note,
-            "artifact": self.artifact,
+            "artifact": self.artifact, "variant": self.variant.to_json() if self.variant else None,
+            "variants": [m.to_json() for m in self.variants], "peak_mem_ratio": self.peak_mem_ratio,
             "tasks": [{"key": t.key, "family": t.family, "share": t.share, "eager_us": t.eager_us,
                        "best_us": t.best_us, "floor_us": t.floor_us, "speedup": t.speedup,
                        "candidates": t.candidates, "status": t.status, "stop_reason": t.stop_reason}
@@ -105,12 +113,14 @@ def _check_same_model(run: RunRecord, loaded: LoadedModel, keys: set[str], tasks
 
 def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recipes", budget: Budget | None = None,
              runs_dir: str | Path = "runs", progress: Progress | None = None, resume: str | None = None,
-             load: dict[str, Any] | None = None, profile_out: str | Path | None = None) -> OptimizeReport:
+             load: dict[str, Any] | None = None, profile_out: str | Path | None = None,
+             inductor: bool = True) -> OptimizeReport:
     """The whole job; every candidate and evaluation is stored as it happens.
 
     `resume` continues a stopped or killed run (its id) with its stored budget, trees and decisions; no
     stored candidate is evaluated again. `load` (how the model was loaded) is kept in the run's config.
     `profile_out`: also write the profile the search starts from (forge profile's JSON) there.
+    `inductor`: also measure the result compiled by torch.compile (forge.variants); the fastest variant wins.
     """
     start = time.monotonic()
     pol = make_policy(policy, loaded.device) if isinstance(policy, str) else policy
@@ -130,7 +140,8 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
         pol.bind(store, run.id)
     try:
         with Evaluator(loaded.device) as ev:
-            outcomes = search(list(prof.tasks), pol, ev, store, run.id, budget, progress, resume=bool(resume))
+            searching = replace(budget, seconds=max(5.0, budget.seconds * _SEARCH_SHARE - (time.monotonic() - start)))
+            outcomes = search(list(prof.tasks), pol, ev, store, run.id, searching, progress, resume=bool(resume))
     except KeyboardInterrupt:
         store.update_run(run.id, state="stopped", note=f"interrupted: forge optimize --resume {run.id}")
         raise
@@ -144,31 +155,28 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     folder = Path(runs_dir) / run.id
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
             "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype}
-    opt = apply(loaded.model, loaded.inputs, kernels)
-    eager_ms, forge_ms = interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: opt(*loaded.inputs),
-                                        loaded.device)
-    fresh = fresh_inputs(loaded.inputs)
-    match, err = outputs_match(loaded.model, opt, fresh)
-    patched_ms, graph_ms, graph_note, graphed = forge_ms, None, "", False
-    if loaded.device.startswith("cuda"):  # the patched forward replayed as one CUDA graph: no launch cost
-        opt.cuda_graph = True
-        eager_g, graph_ms = interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: opt(*loaded.inputs),
-                                           loaded.device)
-        graph_match, graph_err = outputs_match(loaded.model, opt, fresh) if opt.cuda_graph else (False, 0.0)
-        graph_note = opt.graph_error
-        if opt.cuda_graph and graph_match and graph_ms / eager_g < forge_ms / eager_ms:
-            eager_ms, forge_ms, match, err, graphed = eager_g, graph_ms, graph_match, graph_err, True
-    applied = (bool(kernels) or graphed) and match and forge_ms < eager_ms
+    deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
+    best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor, deadline=deadline)
+    first = tried[0]
+    graph = next((m for m in tried if m.variant.runtime == "cuda-graph" and not m.variant.rewrites), None)
+    applied = best.ok and best.ms < best.eager_ms
+    eager_ms, forge_ms = best.eager_ms or first.eager_ms, best.ms
     if applied:
-        artifact.save(folder, kernels, {**info, "cuda_graph": True} if graphed else info)
+        used = kernels if best.variant.kernels else []
+        artifact.save(folder, used, {**info, "variant": best.variant.to_json(),
+                                     "cuda_graph": best.variant.runtime == "cuda-graph"})
     else:  # never slower: the model you get is eager, and so is its time
         forge_ms = eager_ms
-        artifact.save(folder, [], {**info, "note": f"not applied: patched model took "
-                                   f"{patched_ms:.3f} ms against eager {eager_ms:.3f} ms"})
+        artifact.save(folder, [], {**info, "note": f"not applied: no variant was faster than eager "
+                                   f"(best {best.variant.name}: {best.ms:.3f} ms against {best.eager_ms:.3f})"})
+    match, err = (best.match, best.max_rel_err) if best.ok else (first.match, first.max_rel_err)
     store.update_run(run.id, state="done", eager_ms=eager_ms, forge_ms=forge_ms)
     cost = store.run_cost(run.id)
-    return OptimizeReport(run.id, loaded.device, pol.name, eager_ms, forge_ms, match, err, applied, patched_ms,
-                          graphed and applied, graph_ms, graph_note, tuple(outcomes),
+    return OptimizeReport(run.id, loaded.device, pol.name, eager_ms, forge_ms, match, err, applied, first.ms,
+                          applied and best.variant.runtime == "cuda-graph", graph.ms if graph and graph.ok else None,
+                          graph.error if graph else "", tuple(outcomes),
                           str(folder), {"usd": cost.usd, "tokens_in": cost.tokens_in, "tokens_out": cost.tokens_out,
                                         "device_seconds": cost.device_seconds,
-                                        "wall_seconds": time.monotonic() - start})
+                                        "wall_seconds": time.monotonic() - start},
+                          best.variant if applied else None, tuple(tried),
+                          best.peak_mem_ratio if applied else 1.0)

@@ -104,10 +104,12 @@ def print_optimize(report: Any, console: Console | None = None) -> None:
     console.print(f"end to end: eager {report.eager_ms:.3f} ms, forge {report.forge_ms:.3f} ms, "
                   f"[bold]{report.speedup:.2f}x[/]; outputs match: [{colour}]{report.outputs_match}[/] "
                   f"(max rel. error {report.max_rel_err:.1e}); kernels in {report.artifact}")
-    if report.cuda_graph:
-        console.print("the patched forward runs as one replayed CUDA graph (it measured faster so)")
+    if report.variant is not None:
+        peak = f"; peak memory {report.peak_mem_ratio:.2f}x eager's" if report.peak_mem_ratio else ""
+        console.print(f"the model you get: {report.variant.name} (fastest of {len(report.variants)} variants "
+                      f"measured end to end){peak}")
     elif report.graph_note:
         console.print(f"no CUDA graph: {report.graph_note}")
     if not report.applied:
-        console.print(f"not applied: the patched model took {report.patched_ms:.3f} ms, not faster than eager; "
-                      "forge keeps the eager model")
+        console.print(f"not applied: no variant was faster than eager (the patched model took "
+                      f"{report.patched_ms:.3f} ms); forge keeps the eager model")

@@ -1,0 +1,203 @@
+"""Variants of an optimized model, each measured end to end; the fastest one is forge's result.
+
+A variant is which found kernels it uses (all, or none), which whole-graph rewrites it applies
+(forge.rewrites) and how the forward runs (RUNTIMES):
+- `graph`: the patched ATen graph run op by op from Python;
+- `cuda-graph`: the same forward captured once as a CUDA graph and replayed (forge.dispatch.GraphReplay);
+- `inductor`: the patched, rewritten graph compiled by torch.compile (forge's kernels are the opaque op
+  `forge::kernel` in it);
+- `inductor-cuda-graph`: the same with `mode="reduce-overhead"` (Inductor's CUDA graphs).
+
+`choose` decides greedily, every step measured on the whole forward against eager (interleaved in this
+process, outputs compared on fresh inputs): the runtime without compilation first; then each rewrite that
+applies is added and kept only if the forward got faster by more than the timing noise, outputs matching;
+then the found kernels are dropped once to see whether they pay on this runtime; then, when allowed and
+time is left, the best so far is compiled by Inductor. A variant that fails to build or run is recorded
+with its error and not kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from forge.capture import Capture, capture
+from forge.dispatch import KernelArtifact, OptimizedModule, _views_to_reshapes, apply
+from forge.endtoend import fresh_inputs, interleaved_ms, outputs_match
+from forge.rewrites import REWRITES, parse, rewrite
+
+log = logging.getLogger(__name__)
+
+RUNTIMES = ("graph", "cuda-graph", "inductor", "inductor-cuda-graph")
+_GAIN = 0.99  # a step is kept when it takes the forward under 99% of the best time so far (noise is ~0.5%)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a result is made of: found kernels or not, rewrites, runtime."""
+
+    kernels: bool = True
+    rewrites: tuple[str, ...] = ()
+    runtime: str = "graph"
+
+    def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"Invalid runtime {self.runtime!r}: choose from {', '.join(RUNTIMES)}")
+        object.__setattr__(self, "rewrites", parse(self.rewrites))
+
+    @property
+    def name(self) -> str:
+        """Human-readable, e.g. 'kernels + fold-bn + channels-last, cuda-graph'."""
+        parts = (["kernels"] if self.kernels else []) + list(self.rewrites)
+        return f"{' + '.join(parts) or 'eager graph'}, {self.runtime}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form."""
+        return {"kernels": self.kernels, "rewrites": list(self.rewrites), "runtime": self.runtime,
+                "name": self.name}
+
+    @classmethod
+    def parse(cls, d: dict[str, Any]) -> Variant:
+        """Inverse of to_json; ValueError on a malformed entry."""
+        try:
+            return cls(bool(d["kernels"]), tuple(d["rewrites"]), str(d["runtime"]))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"Invalid variant: {d!r}") from e
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One variant measured against eager in the same interleaved run."""
+
+    variant: Variant
+    eager_ms: float
+    ms: float
+    match: bool
+    max_rel_err: float
+    peak_mem_ratio: float | None  # peak device memory of a forward over eager's (CUDA only)
+    sites: dict[str, int] = field(default_factory=dict)  # rewrites: sites rewritten
+    error: str = ""
+
+    @property
+    def ratio(self) -> float:
+        """Variant time over eager time (lower is better); inf when it failed."""
+        return self.ms / self.eager_ms if self.ok else float("inf")
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.match and self.ms > 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form."""
+        return {"variant": self.variant.to_json(), "eager_ms": self.eager_ms, "ms": self.ms, "match": self.match,
+                "max_rel_err": self.max_rel_err, "peak_mem_ratio": self.peak_mem_ratio, "sites": self.sites,
+                "error": self.error}
+
+
+def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], variant: Variant,
+          device: str, strict: bool = False, cap: Capture | None = None
+          ) -> tuple[Callable[..., Any], OptimizedModule, dict[str, int]]:
+    """The model as `variant`: (callable, the patched module under it, sites rewritten per rewrite).
+    `cap`: the model's capture on these inputs, when there is one already (see forge.dispatch.apply)."""
+    opt = apply(model, inputs, kernels if variant.kernels else [], strict=strict,
+                cuda_graph=variant.runtime == "cuda-graph", cap=cap)
+    sites: dict[str, int] = {}
+    if variant.rewrites:
+        sites = rewrite(opt.gm, opt._template, opt._user_slots, variant.rewrites, device)
+        _views_to_reshapes(opt.gm.graph)
+        opt.gm.recompile()
+    if variant.runtime.startswith("inductor"):
+        mode = "reduce-overhead" if variant.runtime == "inductor-cuda-graph" else None
+        return torch.compile(opt, mode=mode, dynamic=False), opt, sites
+    return opt, opt, sites
+
+
+def _peak_ratio(fn: Callable[..., Any], model: torch.nn.Module, inputs: list[Any], base: int) -> float | None:
+    """Peak memory of one forward of `fn` over eager's, counting only what `fn` added since `base`."""
+    if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
+        return None
+    with torch.no_grad():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        model(*inputs)
+        eager_peak = torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn(*inputs)
+        ours = torch.cuda.max_memory_allocated() - base + start
+    return ours / eager_peak if eager_peak else None
+
+
+def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], variant: Variant,
+            device: str, cap: Capture | None = None, need: str = "") -> tuple[Measured, Callable[..., Any] | None]:
+    """Build `variant` and time it against eager; (measurement, the callable or None when it failed).
+    `need`: a rewrite that must have rewritten something, else the variant is not timed."""
+    gc.collect()
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated() if cuda else 0
+    start = time.monotonic()
+    try:
+        fn, opt, sites = build(model, inputs, kernels, variant, device, cap=cap)
+        if need and not sites.get(need):
+            return Measured(variant, 0.0, 0.0, False, float("inf"), None, sites, f"{need}: nothing to rewrite"), None
+        eager_ms, ms = interleaved_ms(lambda: model(*inputs), lambda: fn(*inputs), device)
+        if variant.runtime == "cuda-graph" and not opt.cuda_graph:
+            raise RuntimeError(f"not capturable as a CUDA graph: {opt.graph_error}")
+        match, err = outputs_match(model, fn, fresh_inputs(inputs))
+        peak = _peak_ratio(fn, model, inputs, base)
+    except Exception as e:  # noqa: BLE001 - a variant that cannot be built or run is a result, not a crash
+        log.warning("variant %s failed: %s: %s", variant.name, type(e).__name__, e)
+        return Measured(variant, 0.0, 0.0, False, float("inf"), None, {}, f"{type(e).__name__}: {e}"[:300]), None
+    log.info("variant %s: %.3f ms against eager %.3f (%.2fx), match %s, %.1f s", variant.name, ms, eager_ms,
+             eager_ms / ms if ms else 0.0, match, time.monotonic() - start)
+    return Measured(variant, eager_ms, ms, match, err, peak, sites), fn
+
+
+def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
+           compile: bool = True, deadline: float | None = None,
+           rewrites: tuple[str, ...] | None = None) -> tuple[Measured, list[Measured]]:
+    """The fastest variant measured (greedy, see the module docstring) and every measurement made.
+
+    `rewrites`: the rewrites to try (default: every one in forge.rewrites.REWRITES that applies to the
+    device); `deadline` (time.monotonic()): no Inductor compilation is started after it.
+    """
+    cuda = device.startswith("cuda")
+    tried: list[Measured] = []
+    cap = capture(model, inputs)  # once: every variant starts from a copy of it
+
+    def run(v: Variant, need: str = "") -> Measured:
+        m, _ = measure(model, inputs, kernels, v, device, cap, need)
+        tried.append(m)
+        return m
+
+    best = run(Variant(bool(kernels), (), "cuda-graph" if cuda else "graph"))
+    if cuda and not best.ok:  # not capturable as a CUDA graph: the graph runtime
+        best = min(best, run(Variant(bool(kernels), (), "graph")), key=lambda m: m.ratio)
+    names = rewrites if rewrites is not None else tuple(n for n, r in REWRITES.items() if r.applies_to(device))
+    for name in parse(names):
+        m = run(replace(best.variant, rewrites=(*best.variant.rewrites, name)), need=name)
+        if m.ok and m.ratio < best.ratio * _GAIN:
+            best = m
+    if kernels and best.variant.kernels:
+        m = run(replace(best.variant, kernels=False))
+        if m.ok and m.ratio < best.ratio:
+            best = m
+    runtime = "inductor-cuda-graph" if cuda else "inductor"
+    compiled = [replace(best.variant, runtime=runtime)]
+    if best.variant.kernels:  # Inductor may fuse better across regions than forge's opaque kernels allow
+        compiled.append(replace(best.variant, runtime=runtime, kernels=False))
+    for v in compiled if compile else []:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        m = run(v)
+        if m.ok and m.ratio < best.ratio:
+            best = m
+    return best, tried

@@ -1,0 +1,192 @@
+"""Whole-graph rewrites and variants: outputs match eager on odd sizes, tails and non-contiguous strides."""
+
+import pytest
+import torch
+from torch import nn
+
+from forge.dispatch import apply
+from forge.rewrites import REWRITES, parse, rewrite
+from forge.variants import RUNTIMES, Variant, choose, measure
+
+aten = torch.ops.aten
+
+
+class ConvNet(nn.Module):
+    """conv-bn-relu, a grouped conv without bias, a residual add and a conv with bias: odd channel counts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6)
+        self.c2, self.b2 = nn.Conv2d(6, 6, 3, padding=1, groups=3, bias=False), nn.BatchNorm2d(6)
+        self.c3, self.b3 = nn.Conv2d(6, 5, 1, stride=2, bias=True), nn.BatchNorm2d(5, affine=False)
+        for bn in (self.b1, self.b2, self.b3):  # statistics far from the identity, so folding matters
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.3, 3)
+            if bn.affine:
+                bn.weight.data.uniform_(0.5, 2)
+                bn.bias.data.uniform_(-1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.b1(self.c1(x)))
+        y = torch.relu(self.b2(self.c2(y)) + y)
+        return self.b3(self.c3(y))
+
+
+class Projections(nn.Module):
+    """Q, K and V of one input (K without bias), and a gate/up pair of another: odd widths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(19, 7), nn.Linear(19, 5, bias=False), nn.Linear(19, 3)
+        self.gate, self.up = nn.Linear(19, 11, bias=False), nn.Linear(19, 11, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q = self.q(x).reshape(*x.shape[:2], 7).transpose(1, 2)
+        h = torch.nn.functional.silu(self.gate(x)) * self.up(x)
+        return q, self.k(x) * 2, self.v(x), h
+
+
+def _rewritten(model: nn.Module, inputs: list, names: tuple[str, ...], device: str = "cpu"):
+    opt = apply(model, inputs, [])
+    sites = rewrite(opt.gm, opt._template, opt._user_slots, names, device)
+    return opt, sites
+
+
+def _targets(opt) -> list:
+    return [n.target for n in opt.gm.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 7, 13), (1, 3, 1, 5)])
+def test_fold_bn_matches_eager_and_removes_every_batch_norm(shape):
+    torch.manual_seed(0)
+    model = ConvNet().eval()
+    x = torch.randn(shape)
+    opt, sites = _rewritten(model, [x], ("fold-bn",))
+    assert sites == {"fold-bn": 3}
+    assert aten._native_batch_norm_legit_no_training.default not in _targets(opt)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_channels_last_matches_eager_on_a_permuted_input_and_returns_row_major():
+    torch.manual_seed(1)
+    model = ConvNet().eval()
+    base = torch.randn(2, 7, 13, 3)
+    x = base.permute(0, 3, 1, 2)  # a non-contiguous NCHW view
+    opt, sites = _rewritten(model, [x], ("fold-bn", "channels-last"))
+    assert sites["channels-last"] == 3
+    with torch.no_grad():
+        got = opt(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+        assert got.is_contiguous()
+
+
+@pytest.mark.parametrize("batch", [(3, 4), (1, 1)])
+def test_merge_linears_matches_eager_with_one_matmul_per_input(batch):
+    torch.manual_seed(2)
+    model = Projections().eval()
+    x = torch.randn(*batch, 19)
+    opt, sites = _rewritten(model, [x], ("merge-linears",))
+    assert sites == {"merge-linears": 1}  # q, k, v, gate and up all read x: one group of five
+    mms = [t for t in _targets(opt) if t in (aten.mm.default, aten.addmm.default)]
+    assert len(mms) == 1
+    with torch.no_grad():
+        for got, want in zip(opt(x), model(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(19, 7), nn.Linear(19, 5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x), torch.relu(self.b(x))
+
+
+@pytest.mark.parametrize("make, merged", [
+    (lambda: torch.randn(19, 6).t(), 1),  # 2-d, column-major: still one matmul on the strided input
+    (lambda: torch.randn(19, 4, 3).permute(2, 1, 0), 0),  # 3-d strided: linear becomes bmm, left alone
+])
+def test_merge_linears_on_non_contiguous_inputs(make, merged):
+    torch.manual_seed(3)
+    model = Pair().eval()
+    x = make()
+    assert not x.is_contiguous()
+    opt, sites = _rewritten(model, [x], ("merge-linears",))
+    assert sites["merge-linears"] == merged
+    with torch.no_grad():
+        for got, want in zip(opt(x), model(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_cudnn_epilogue_finds_conv_relu_and_conv_add_relu_and_its_fake_gives_the_shape():
+    """The pattern match on the CPU graph (running it needs cuDNN: see the cuda test below); the fake impl
+    (what torch.compile traces) gives the convolution's shape."""
+    model = ConvNet().eval()
+    x = torch.randn(2, 3, 7, 13)
+    opt = apply(model, [x], [])
+    sites = REWRITES["cudnn-epilogue"].apply(__import__("forge.rewrites", fromlist=["Graph"]).Graph(
+        opt.gm, opt._template, opt._user_slots))
+    assert sites == 0  # BatchNorm sits between convolution and ReLU until it is folded
+    opt, sites = _rewritten(model, [x], ("fold-bn", "cudnn-epilogue"), device="cuda")
+    assert sites["cudnn-epilogue"] == 2
+    targets = _targets(opt)
+    assert aten.cudnn_convolution_relu.default in targets and aten.cudnn_convolution_add_relu.default in targets
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        xf, wf = torch.empty(2, 6, 7, 13), torch.empty(5, 6, 3, 3)
+        out = aten.cudnn_convolution_relu.default(xf, wf, None, [2, 2], [1, 1], [1, 1], 1)
+        assert out.shape == (2, 5, 4, 7)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cudnn_epilogue_runs_and_matches_eager_on_the_gpu(dtype):
+    torch.manual_seed(4)
+    model = ConvNet().eval().to("cuda", dtype)
+    x = torch.randn(2, 3, 17, 9, device="cuda", dtype=dtype)
+    opt, sites = _rewritten(model, [x], ("fold-bn", "cudnn-epilogue", "channels-last"), device="cuda")
+    assert sites["cudnn-epilogue"] == 2
+    tol = 1e-3 if dtype == torch.float32 else 3e-2
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x), rtol=tol, atol=tol)
+
+
+def test_rewrite_names_are_checked():
+    assert parse(["channels-last", "fold-bn"]) == ("fold-bn", "channels-last")  # the table's order
+    with pytest.raises(ValueError, match="Invalid rewrite 'fold-everything'"):
+        parse(["fold-everything"])
+
+
+def test_variant_round_trips_and_rejects_an_unknown_runtime():
+    v = Variant(False, ("channels-last", "fold-bn"), "inductor")
+    assert Variant.parse(v.to_json()) == v and v.rewrites == ("fold-bn", "channels-last")
+    assert set(RUNTIMES) == {"graph", "cuda-graph", "inductor", "inductor-cuda-graph"}
+    with pytest.raises(ValueError, match="Invalid runtime"):
+        Variant(True, (), "tensorrt")
+    with pytest.raises(ValueError, match="Invalid variant"):
+        Variant.parse({"kernels": True})
+
+
+def test_choose_measures_each_rewrite_end_to_end_and_keeps_a_matching_variant():
+    torch.manual_seed(5)
+    model = ConvNet().eval()
+    x = torch.randn(2, 3, 31, 29)
+    best, tried = choose(model, [x], [], "cpu", compile=False)
+    assert best.ok and best.match and best in tried
+    names = [m.variant.name for m in tried]
+    assert names[0] == "eager graph, graph" and any("fold-bn" in n for n in names)
+    skipped = [m for m in tried if m.error]
+    assert all("nothing to rewrite" in m.error for m in skipped)  # merge-linears: no linear in a conv net
+    assert all(m.ratio == m.ms / m.eager_ms for m in tried if m.ok)
+
+
+def test_a_variant_that_cannot_run_is_a_result_not_a_crash():
+    class Bad(nn.Module):
+        def forward(self, x):
+            return x.sin()
+
+    m, fn = measure(Bad(), [torch.randn(3)], [], Variant(True, (), "cuda-graph"), "cpu")
+    assert fn is None and not m.ok and m.ratio == float("inf") and m.error

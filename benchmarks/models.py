@@ -20,6 +20,7 @@ import argparse
 import datetime
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -60,7 +61,10 @@ def round_robin(fns: dict[str, Callable[[], Any]], device: str, runs: int = 25, 
 
 
 def commit() -> str:
-    """The checkout's commit (with +dirty when the tree has changes), or 'unknown'."""
+    """$FORGE_COMMIT (a copy of the tree without .git, as on the device), else the checkout's commit (with
+    +dirty when the tree has changes), or 'unknown'."""
+    if os.environ.get("FORGE_COMMIT"):
+        return os.environ["FORGE_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,

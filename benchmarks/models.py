@@ -108,6 +108,39 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
     row.update(forge_x_eager=row["eager_ms"] / row["forge_ms"], forge_x_compile=best / row["forge_ms"])
 
 
+ROW_KEYS = ("model", "dtype", "eager_ms", "compile_ms", "compile_ro_ms", "forge_ms", "variant", "outputs_match",
+            "peak_mem_ratio", "optimize_s", "commit", "date")
+EXTRA_KEYS = ("forge_x_eager", "forge_x_compile", "spread", "max_rel_err", "compile_match", "compile_ro_match",
+              "compile_s", "compile_ro_s", "device", "torch", "sizes", "error")
+
+
+def collect(files: list[str], into: str) -> list[dict]:
+    """The rows of several runs' --json files (the newest row wins per model and dtype), merged into the
+    results file `into`: the issue's keys first, then the spreads and ratios; the full report stays out."""
+    path = Path(into)
+    rows = {(r["model"], r["dtype"]): r for r in (json.loads(path.read_text()) if path.is_file() else [])}
+    for f in files:
+        for r in json.loads(Path(f).read_text()):
+            rows[(r["model"], r["dtype"])] = {k: r[k] for k in (*ROW_KEYS, *EXTRA_KEYS) if k in r}
+    merged = list(rows.values())
+    path.write_text(json.dumps(merged, indent=1) + "\n")
+    return merged
+
+
+def table(rows: list[dict]) -> None:
+    """The markdown table of rows."""
+    print("\n| model | dtype | eager ms | torch.compile ms | compile reduce-overhead ms | forge ms | forge / eager | "
+          "forge / faster compile | variant | outputs match | peak mem x eager | optimize s | commit |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        def f(k: str, r: dict = r) -> str:
+            return f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-"
+        print(f"| {r['model']} | {r['dtype']} | {f('eager_ms')} | {f('compile_ms')} | {f('compile_ro_ms')} | "
+              f"{f('forge_ms')} | {f('forge_x_eager')}x | {f('forge_x_compile')}x | {r.get('variant', '-')} | "
+              f"{r.get('outputs_match', '-')} | {f('peak_mem_ratio')} | {f('optimize_s')} | {r.get('commit', '-')} |"
+              + (f" failed: {r['error']}" if "error" in r else ""))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["resnet50"])
@@ -118,7 +151,13 @@ def main() -> int:
     for name in ("layers", "batch", "seq", "resolution"):
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--json")
+    p.add_argument("--collect", nargs="+", metavar="JSON", help="only merge these runs' --json files into --into "
+                   "and print the table")
+    p.add_argument("--into", default="benchmarks/results/h200-models.json")
     args = p.parse_args()
+    if args.collect:
+        table(collect(args.collect, args.into))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("forge.capture", "forge.rewrites", "torch"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -141,16 +180,7 @@ def main() -> int:
                 logging.exception("%s failed", name)
                 rows[-1]["error"] = f"{type(e).__name__}: {e}"[:300]
             save()
-    print("\n| model | dtype | eager ms | torch.compile ms | compile reduce-overhead ms | forge ms | forge / eager | "
-          "forge / faster compile | variant | outputs match | peak mem x eager | optimize s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        def f(k: str, r: dict = r) -> str:
-            return f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-"
-        print(f"| {r['model']} | {r['dtype']} | {f('eager_ms')} | {f('compile_ms')} | {f('compile_ro_ms')} | "
-              f"{f('forge_ms')} | {f('forge_x_eager')}x | {f('forge_x_compile')}x | {r.get('variant', '-')} | "
-              f"{r.get('outputs_match', '-')} | {f('peak_mem_ratio')} | {f('optimize_s')} |"
-              + (f" failed: {r['error']}" if "error" in r else ""))
+    table(rows)
     return 0
 
 

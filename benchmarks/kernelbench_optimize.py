@@ -1,16 +1,21 @@
-"""KernelBench "never slower": `forge optimize` on a list of problem files, one subprocess each.
+"""KernelBench: `forge optimize` against torch.compile on a list of problem files, one subprocess each.
 
 Each file runs `forge optimize FILE --budget N --seconds S --json ...` in its own process (its own SQLite
-file, runs/ folder and a wall-clock timeout), and the script prints one row per file: eager and forge
-milliseconds, speedup, whether the kernels were applied, whether the outputs matched, and the error (the
-last stderr line) if the run failed. forge keeps the eager model whenever the patched one is not faster,
-so every speedup must be >= 1.0; a row below that, or any error, is a bug.
+file, runs/ folder and a wall-clock timeout), and, in another process, eager against `torch.compile` of
+the same model (default mode; on CUDA also `mode="reduce-overhead"`), interleaved call by call, outputs
+compared. The script prints one row per file (eager and forge milliseconds, forge's speedup, torch.compile's
+speedup over eager, the share of model time in vendor matmuls and convolutions, whether the kernels were
+applied and the outputs matched, the error if the run failed) and the geometric means of forge's and
+torch.compile's speedups over the files whose vendor share is below --max-vendor (those where a fusion
+search can matter). forge keeps the eager model whenever nothing it measured is faster, so every forge
+speedup must be >= 1.0; a row below that, or any error, is a bug.
 
 KernelBench files are not part of forge. The original level-2 shapes are sized for a GPU; on a CPU use
 copies with module-level sizes shrunk (batch, channels, spatial sizes), for example:
 
-    python benchmarks/kernelbench_optimize.py /work/kb/small/level2/{1,12,17,21}_*.py --budget 8 --seconds 30
-    python benchmarks/kernelbench_optimize.py --device cuda KernelBench/level2/*.py --budget 48
+    python benchmarks/kernelbench_shrink.py KernelBench/level1/*.py --out /tmp/kb/level1   # CPU-sized copies
+    python benchmarks/kernelbench_optimize.py /tmp/kb/level1/*.py --seconds 40 --json kb.json
+    python benchmarks/kernelbench_optimize.py --device cuda KernelBench/level2/*.py
 
 Exit status: 0 if every file ran and none was slower, 1 otherwise.
 """
@@ -19,12 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +49,11 @@ class Row:
     improved: int = 0  # tasks whose kernel beat eager by 5%
     seconds: float = 0.0
     error: str = ""
+    variant: str = ""
+    vendor_share: float | None = None  # share of the profiled time in matmul and convolution tasks
+    compile_x: float | None = None  # eager over torch.compile (default mode), timed as a pair
+    compile_ro_x: float | None = None  # eager over torch.compile(mode="reduce-overhead"), CUDA only
+    compile_error: str = ""
 
 
 def run_one(path: Path, args: argparse.Namespace, work: Path) -> Row:
@@ -61,8 +73,48 @@ def run_one(path: Path, args: argparse.Namespace, work: Path) -> Row:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()] or [f"exit {proc.returncode}"]
         return Row(path.name, seconds=seconds, error=lines[-1][:160])
     r = json.loads(out.read_text())
-    return Row(path.name, r["eager_ms"], r["forge_ms"], r["speedup"], r["applied"], r["outputs_match"],
-               sum(t["status"] == "improved" for t in r["tasks"]), seconds)
+    vendor = sum(t["share"] for t in r["tasks"] if t["family"] in ("matmul", "convolution"))
+    row = Row(path.name, r["eager_ms"], r["forge_ms"], r["speedup"], r["applied"], r["outputs_match"],
+              sum(t["status"] == "improved" for t in r["tasks"]), seconds,
+              variant=(r.get("variant") or {}).get("name", "eager"), vendor_share=vendor)
+    return replace(row, **baseline(path, args)) if args.compile else row
+
+
+def baseline(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """torch.compile's speedups over eager on `path`, measured in a process of their own."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--baseline", str(path.resolve()), "--device", args.device]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                              env={"PYTHONPATH": str(ROOT), **_env()})
+    except subprocess.TimeoutExpired:
+        return {"compile_error": f"timeout after {args.timeout:.0f} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        err = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()] or [f"exit {proc.returncode}"]
+        return {"compile_error": err[-1][:160]}
+    return json.loads(lines[-1])
+
+
+def time_baseline(path: Path, device: str) -> dict[str, Any]:
+    """In this process: eager against torch.compile (and reduce-overhead on CUDA), interleaved, outputs compared."""
+    import torch
+
+    from forge.endtoend import fresh_inputs, interleaved_ms, outputs_match
+    from forge.model_input import load_file
+
+    loaded = load_file(path, device)
+    model, inputs = loaded.model, loaded.inputs
+    out: dict[str, Any] = {}
+    modes = [("compile_x", None)] + ([("compile_ro_x", "reduce-overhead")] if device.startswith("cuda") else [])
+    for key, mode in modes:
+        compiled = torch.compile(model, mode=mode)
+        eager_ms, ms = interleaved_ms(lambda: model(*inputs), lambda c=compiled: c(*inputs), device)
+        match, _ = outputs_match(model, compiled, fresh_inputs(inputs))
+        out[key] = eager_ms / ms if match else None
+        if not match:
+            out["compile_error"] = f"torch.compile ({mode or 'default'}): outputs differ from eager"
+        torch._dynamo.reset()
+    return out
 
 
 def _env() -> dict[str, str]:
@@ -75,24 +127,48 @@ def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def print_table(rows: list[Row]) -> None:
-    """A Markdown table of the rows."""
-    print("| file | eager ms | forge ms | speedup | applied | outputs_match | improved tasks | s | error |")
-    print("|---|---|---|---|---|---|---|---|---|")
+def print_table(rows: list[Row], max_vendor: float) -> None:
+    """A Markdown table of the rows, then the geometric means over the fusion-bound ones."""
+    print("| file | vendor share | eager ms | forge ms | forge x | torch.compile x | reduce-overhead x | variant | "
+          "applied | outputs match | improved tasks | s | error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r.file} | {_f(r.eager_ms, '.3f')} | {_f(r.forge_ms, '.3f')} | {_f(r.speedup, '.2f')} | "
+        print(f"| {r.file} | {_f(r.vendor_share, '.0%')} | {_f(r.eager_ms, '.3f')} | {_f(r.forge_ms, '.3f')} | "
+              f"{_f(r.speedup, '.2f')} | {_f(r.compile_x, '.2f')} | {_f(r.compile_ro_x, '.2f')} | {r.variant} | "
               f"{'-' if r.applied is None else r.applied} | {'-' if r.outputs_match is None else r.outputs_match} | "
-              f"{r.improved} | {r.seconds:.0f} | {r.error} |")
+              f"{r.improved} | {r.seconds:.0f} | {r.error or r.compile_error} |")
+    fusion = [r for r in rows if r.speedup and r.compile_x and r.vendor_share is not None
+              and r.vendor_share < max_vendor]
+    if fusion:
+        best = [max(r.compile_x, r.compile_ro_x or 0.0) for r in fusion]
+        print(f"\nover the {len(fusion)} files with vendor share below {max_vendor:.0%}: geomean speedup over "
+              f"eager: forge {geomean([r.speedup for r in fusion]):.3f}x, torch.compile "
+              f"{geomean([r.compile_x for r in fusion]):.3f}x (its faster mode per file: {geomean(best):.3f}x); "
+              f"forge slower than eager on {sum(r.speedup < 1.0 for r in fusion)}")
+
+
+def geomean(xs: list[float]) -> float:
+    """Geometric mean."""
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("files", nargs="+", type=Path, help="KernelBench problem files")
+    p.add_argument("files", nargs="*", type=Path, help="KernelBench problem files")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--budget", type=int, default=8, help="candidates per file (over all its tasks)")
-    p.add_argument("--seconds", type=float, default=30.0, help="search wall time per file")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a file's run is killed")
+    p.add_argument("--budget", type=int, default=400, help="candidates per file, at most (forge's default)")
+    p.add_argument("--seconds", type=float, default=300.0, help="forge optimize's wall time per file (its default)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a file's run is killed")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time torch.compile against eager on each file")
+    p.add_argument("--max-vendor", type=float, default=0.5, help="geomeans over files whose matmul and "
+                   "convolution share of time is below this")
+    p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--baseline", type=Path, help=argparse.SUPPRESS)  # the torch.compile child process
     args = p.parse_args()
+    if args.baseline:
+        print(json.dumps(time_baseline(args.baseline, args.device)))
+        return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="forge-kb-") as tmp:
         for path in args.files:
@@ -100,7 +176,9 @@ def main() -> int:
             r = rows[-1]
             print(f"{r.file}: {r.error or f'{r.speedup:.2f}x applied={r.applied}'} ({r.seconds:.0f} s)",
                   file=sys.stderr, flush=True)
-    print_table(rows)
+            if args.json:
+                Path(args.json).write_text(json.dumps([asdict(x) for x in rows], indent=1) + "\n")
+    print_table(rows, args.max_vendor)
     bad = [r for r in rows if r.error or (r.speedup is not None and r.speedup < 1.0) or r.outputs_match is False]
     return 1 if bad else 0
 

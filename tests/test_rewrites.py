@@ -190,3 +190,25 @@ def test_a_variant_that_cannot_run_is_a_result_not_a_crash():
 
     m, fn = measure(Bad(), [torch.randn(3)], [], Variant(True, (), "cuda-graph"), "cpu")
     assert fn is None and not m.ok and m.ratio == float("inf") and m.error
+
+
+def test_an_artifact_with_a_variant_loads_as_that_variant(tmp_path):
+    """forge.load rebuilds the manifest's variant: its rewrites applied, its runtime used."""
+    import forge
+    from forge import artifact
+
+    torch.manual_seed(6)
+    model = ConvNet().eval()
+    x = torch.randn(2, 3, 9, 11)
+    variant = Variant(False, ("fold-bn", "channels-last"), "graph")
+    artifact.save(tmp_path, [], {"device": "cpu", "device_model": artifact.device_model("cpu"),
+                                 "variant": variant.to_json()})
+    fast = forge.load(tmp_path, model, [x])
+    assert aten._native_batch_norm_legit_no_training.default not in _targets(fast)
+    y = torch.randn(2, 3, 9, 11)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(y), model(y), rtol=1e-5, atol=1e-5)
+    bad = tmp_path / "bad"
+    artifact.save(bad, [], {"variant": {"kernels": False, "rewrites": ["fold-all"], "runtime": "graph"}})
+    with pytest.raises(ValueError, match="Invalid artifact .*fold-all"):
+        forge.load(bad, model, [x])

@@ -47,11 +47,13 @@ def size_constants(tree: ast.Module) -> list[ast.Assign]:
 
 
 def largest_input(source: str, path: Path) -> int:
-    """Elements of the largest tensor get_inputs() returns, built on the meta device."""
+    """Elements of the largest tensor get_inputs() returns, built on the meta device; the model is run on them
+    there too, so sizes that no longer fit together (a shape kept in a tuple, say) raise."""
     module = types.ModuleType(path.stem)
-    with torch.device("meta"):
+    with torch.device("meta"), torch.no_grad():
         exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - a benchmark file of the user's
         inputs = module.get_inputs()
+        module.Model(*module.get_init_inputs())(*inputs)
     return max((x.numel() for x in inputs if isinstance(x, torch.Tensor)), default=0)
 
 

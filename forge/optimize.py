@@ -10,6 +10,7 @@ from typing import Any
 
 from forge import artifact
 from forge.dispatch import KernelArtifact
+from forge.endtoend import interleaved_ms
 from forge.errors import UserError
 from forge.evaluate import Evaluator
 from forge.model_input import LoadedModel
@@ -17,7 +18,7 @@ from forge.policy import Policy, RecipePolicy
 from forge.profile import profile_model
 from forge.search import Budget, Progress, TaskOutcome, search
 from forge.store import RunRecord, Store, TaskRecord
-from forge.variants import Measured, Variant, choose
+from forge.variants import GAIN, Measured, Variant, choose
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,11 @@ class OptimizeReport:
                       for t in self.tasks],
             "cost": self.cost,
         }
+
+
+def _eager_ms(loaded: LoadedModel) -> float:
+    """Eager's time alone, for a run where no variant could be measured."""
+    return interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: None, loaded.device)[0]
 
 
 def make_policy(name: str, device: str, **llm: Any) -> Policy:
@@ -157,10 +163,13 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
             "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype}
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
     best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor, deadline=deadline)
-    first = tried[0]
-    graph = next((m for m in tried if m.variant.runtime == "cuda-graph" and not m.variant.rewrites), None)
-    applied = best.ok and best.ms < best.eager_ms
-    eager_ms, forge_ms = best.eager_ms or first.eager_ms, best.ms
+    # the found kernels with no rewrite (the first variant of their chain), for the report's patched_ms
+    first = next((m for m in tried if m.variant.kernels == bool(kernels) and not m.variant.rewrites), tried[0])
+    graph = next((m for m in tried if m.variant.runtime == "cuda-graph" and m.variant == first.variant), None)
+    trivial = best.variant == Variant(False, (), "graph")  # the captured graph as it is: eager by another name
+    applied = best.ok and not trivial and best.ms < best.eager_ms * GAIN
+    eager_ms = next((m.eager_ms for m in (best, *tried) if m.eager_ms), 0.0) or _eager_ms(loaded)
+    forge_ms = best.ms
     if applied:
         used = kernels if best.variant.kernels else []
         artifact.save(folder, used, {**info, "variant": best.variant.to_json(),
@@ -169,7 +178,8 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
         forge_ms = eager_ms
         artifact.save(folder, [], {**info, "note": f"not applied: no variant was faster than eager "
                                    f"(best {best.variant.name}: {best.ms:.3f} ms against {best.eager_ms:.3f})"})
-    match, err = (best.match, best.max_rel_err) if best.ok else (first.match, first.max_rel_err)
+    # the model you get: the variant's outputs, or eager's own (every variant's are in report.variants)
+    match, err = (best.match, best.max_rel_err) if applied else (True, 0.0)
     store.update_run(run.id, state="done", eager_ms=eager_ms, forge_ms=forge_ms)
     cost = store.run_cost(run.id)
     return OptimizeReport(run.id, loaded.device, pol.name, eager_ms, forge_ms, match, err, applied, first.ms,
@@ -179,4 +189,4 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
                                         "device_seconds": cost.device_seconds,
                                         "wall_seconds": time.monotonic() - start},
                           best.variant if applied else None, tuple(tried),
-                          best.peak_mem_ratio if applied else 1.0)
+                          best.peak_mem_ratio if applied else None)

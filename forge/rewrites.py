@@ -72,8 +72,11 @@ class Graph:
         return node
 
     def finish(self) -> None:
-        """Drop what no longer has users and recompile."""
+        """Drop what no longer has users (nodes, and constants a later rewrite replaced) and recompile."""
         self.graph.eliminate_dead_code()
+        used = {str(n.target) for n in self.graph.nodes if n.op == "get_attr"}
+        for name in [b for b, _ in self.gm.named_buffers() if b.startswith("_forge_") and b not in used]:
+            delattr(self.gm, name)
         self.graph.lint()
         self.gm.recompile()
 
@@ -117,15 +120,18 @@ class FoldBatchNorm(Rewrite):
                 continue  # not a (non-transposed) convolution read by this BatchNorm alone
             w, b = g.const(conv.args[1]), g.const(conv.args[2]) if conv.args[2] is not None else None
             stats = [g.const(a) if a is not None else None for a in (gamma, beta, mean, var)]
-            if w is None or (conv.args[2] is not None and b is None) or stats[2] is None or stats[3] is None:
-                continue
+            if w is None or (conv.args[2] is not None and b is None) or any(
+                    s is None and a is not None for s, a in zip(stats, (gamma, beta, mean, var), strict=True)) \
+                    or mean is None or var is None:
+                continue  # a statistic or an affine parameter that is computed, not a constant
             outs = list(bn.users)
             if not all(_is(u, operator.getitem) and u.args[1] == 0 for u in outs):
                 continue  # the batch statistics outputs are read: not an inference BatchNorm
-            gm_, bt, mu, vr = (s.float() if s is not None else None for s in stats)
+            acc = torch.promote_types(w.dtype, torch.float32)  # fold in float32 at least (float64 stays float64)
+            gm_, bt, mu, vr = (s.to(acc) if s is not None else None for s in stats)
             scale = (gm_ if gm_ is not None else 1.0) / torch.sqrt(vr + float(eps))
-            new_w = (w.float() * scale.reshape(-1, *([1] * (w.dim() - 1)))).to(w.dtype)
-            new_b = ((b.float() if b is not None else 0.0) - mu) * scale + (bt if bt is not None else 0.0)
+            new_w = (w.to(acc) * scale.reshape(-1, *([1] * (w.dim() - 1)))).to(w.dtype)
+            new_b = ((b.to(acc) if b is not None else 0.0) - mu) * scale + (bt if bt is not None else 0.0)
             new_b = new_b.to(w.dtype)
             args = list(conv.args)
             args[1], args[2] = g.add_const(new_w, conv, "w"), g.add_const(new_b, conv, "b")
@@ -142,6 +148,8 @@ class ChannelsLast(Rewrite):
     name = "channels-last"
 
     def apply(self, g: Graph) -> int:
+        if any(_is(n, aten.as_strided.default) for n in g.graph.nodes):
+            return 0  # explicit strides would read NHWC buffers as if they were NCHW
         sites = 0
         for conv in list(g.graph.nodes):
             if not _is(conv, aten.convolution.default, aten.cudnn_convolution_relu.default,
@@ -159,15 +167,22 @@ class ChannelsLast(Rewrite):
 
 
 def _outputs_row_major(g: Graph) -> None:
+    """Graph outputs that eager returns row-major stay row-major (a rewrite may have made them NHWC, or slices
+    of a merged matmul): user code may `view` them."""
     out = next(n for n in g.graph.nodes if n.op == "output")
 
     def fix(a: Any) -> Any:
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-        if isinstance(val, torch.Tensor) and val.dim() == 4:
-            return g.call(aten.clone.default, (a,), out, like=a, kwargs={"memory_format": torch.contiguous_format})
+        if isinstance(val, torch.Tensor) and val.is_contiguous():
+            return g.call(row_major, (a,), out, like=a)
         return a
 
     out.args = (torch.fx.node.map_aggregate(out.args[0], fix),)
+
+
+def row_major(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a row-major copy of it when it is not row-major."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 class MergeLinears(Rewrite):
@@ -186,6 +201,8 @@ class MergeLinears(Rewrite):
             if len(mms) > 1:
                 self._merge(g, mms)
                 sites += 1
+        if sites:
+            _outputs_row_major(g)
         return sites
 
     @staticmethod
@@ -198,15 +215,17 @@ class MergeLinears(Rewrite):
     def _site(self, g: Graph, mm: torch.fx.Node) -> tuple[Any, ...] | None:
         if _is(mm, aten.mm.default):
             a, wt, bias = mm.args[0], mm.args[1], None
-        elif _is(mm, aten.addmm.default) and not mm.kwargs:
-            bias, a, wt = mm.args[:3]
-            if len(mm.args) > 3 or g.const(bias) is None or g.const(bias).dim() != 1:
+        elif _is(mm, aten.addmm.default) and not mm.kwargs and len(mm.args) == 3:
+            bias, a, wt = mm.args
+            if g.const(bias) is None:
                 return None
         else:
             return None
         if not (_is(wt, aten.permute.default) and list(wt.args[1]) == [1, 0]) or g.const(wt.args[0]) is None:
             return None
         w = g.const(wt.args[0])
+        if w.dim() != 2 or bias is not None and tuple(g.const(bias).shape) != (w.shape[0],):
+            return None  # a broadcast bias: left alone
         return (*self._source(a), w.dtype, w.device, w.shape[1])
 
     def _merge(self, g: Graph, mms: list[torch.fx.Node]) -> None:

@@ -23,11 +23,13 @@ from __future__ import annotations
 import gc
 import logging
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from forge.capture import Capture, capture
 from forge.dispatch import KernelArtifact, OptimizedModule, _views_to_reshapes, apply
@@ -37,7 +39,7 @@ from forge.rewrites import REWRITES, parse, rewrite
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("graph", "cuda-graph", "inductor", "inductor-cuda-graph")
-_GAIN = 0.99  # a step is kept when it takes the forward under 99% of the best time so far (noise is ~0.5%)
+GAIN = 0.99  # a step is kept when it takes the forward under 99% of the best time so far (noise is ~0.5%)
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,12 @@ class Variant:
     def parse(cls, d: dict[str, Any]) -> Variant:
         """Inverse of to_json; ValueError on a malformed entry."""
         try:
-            return cls(bool(d["kernels"]), tuple(d["rewrites"]), str(d["runtime"]))
+            kernels, rewrites, runtime = d["kernels"], tuple(d["rewrites"]), str(d["runtime"])
         except (KeyError, TypeError) as e:
             raise ValueError(f"Invalid variant: {d!r}") from e
+        if not isinstance(kernels, bool):
+            raise ValueError(f"Invalid variant (kernels must be true or false): {d!r}")
+        return cls(kernels, rewrites, runtime)
 
 
 @dataclass(frozen=True)
@@ -115,25 +120,53 @@ def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
         _views_to_reshapes(opt.gm.graph)
         opt.gm.recompile()
     if variant.runtime.startswith("inductor"):
-        mode = "reduce-overhead" if variant.runtime == "inductor-cuda-graph" else None
-        return torch.compile(opt, mode=mode, dynamic=False), opt, sites
+        return Compiled(opt, variant.runtime == "inductor-cuda-graph"), opt, sites
     return opt, opt, sites
 
 
+class Compiled(torch.nn.Module):
+    """A patched module compiled by torch.compile, called as eager is: with Inductor's CUDA graphs the outputs
+    of a call are overwritten by the next replay, so they are cloned out (as forge's own CUDA graph does).
+    `counters()` are the kernels' (they run as the op `forge::kernel` inside the compiled graph)."""
+
+    def __init__(self, opt: OptimizedModule, cuda_graphs: bool) -> None:
+        super().__init__()
+        self.opt, self.cuda_graphs = opt, cuda_graphs
+        # A forward of its own: torch.compile caches compilations on the code object, and every
+        # OptimizedModule shares one, so a process that compiled eight of them would hit Dynamo's recompile
+        # limit and run the ninth uncompiled.
+        f = OptimizedModule.forward
+        opt.forward = types.MethodType(types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__,
+                                                          f.__defaults__, f.__closure__), opt)
+        self.compiled = torch.compile(opt, mode="reduce-overhead" if cuda_graphs else None, dynamic=False)
+
+    def forward(self, *inputs: Any) -> Any:
+        out = self.compiled(*inputs)
+        if self.cuda_graphs:
+            out = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+        return out
+
+    def counters(self) -> dict[str, Any]:
+        """Per task key: hits and fallbacks (by reason) of the kernels inside."""
+        return self.opt.counters()
+
+
 def _peak_ratio(fn: Callable[..., Any], model: torch.nn.Module, inputs: list[Any], base: int) -> float | None:
-    """Peak memory of one forward of `fn` over eager's, counting only what `fn` added since `base`."""
+    """Peak device memory of one forward of `fn` over eager's alone. `base`: what was allocated before `fn` was
+    built, so eager's own peak is the one measured now less what building `fn` added (folded weights,
+    graph pools)."""
     if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
         return None
     with torch.no_grad():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        start = torch.cuda.memory_allocated()
+        added = torch.cuda.memory_allocated() - base
         model(*inputs)
-        eager_peak = torch.cuda.max_memory_allocated()
+        eager_alone = torch.cuda.max_memory_allocated() - added
         torch.cuda.reset_peak_memory_stats()
         fn(*inputs)
-        ours = torch.cuda.max_memory_allocated() - base + start
-    return ours / eager_peak if eager_peak else None
+        ours = torch.cuda.max_memory_allocated()
+    return ours / eager_alone if eager_alone > 0 else None
 
 
 def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], variant: Variant,
@@ -155,6 +188,9 @@ def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtif
             raise RuntimeError(f"not capturable as a CUDA graph: {opt.graph_error}")
         match, err = outputs_match(model, fn, fresh_inputs(inputs))
         peak = _peak_ratio(fn, model, inputs, base)
+        fell = sorted({f"{k} ({', '.join(c.fallbacks)})" for k, c in opt.counters().items() if c.fallbacks})
+        if fell:  # a rewrite or a compiler changed a kernel's input layout: the variant is not what it says
+            raise RuntimeError(f"{len(fell)} kernels fall back to eager: {'; '.join(fell)}"[:300])
     except Exception as e:  # noqa: BLE001 - a variant that cannot be built or run is a result, not a crash
         log.warning("variant %s failed: %s: %s", variant.name, type(e).__name__, e)
         return Measured(variant, 0.0, 0.0, False, float("inf"), None, {}, f"{type(e).__name__}: {e}"[:300]), None
@@ -167,12 +203,17 @@ def _greedy(run: Callable[..., Measured], kernels: bool, names: tuple[str, ...],
     """Rewrites added one at a time on the runtime without compilation, each kept if the forward got faster."""
     best = run(Variant(kernels, (), "cuda-graph" if cuda else "graph"))
     if cuda and not best.ok:  # not capturable as a CUDA graph: the graph runtime
-        best = min(best, run(Variant(kernels, (), "graph")), key=lambda m: m.ms if m.ok else float("inf"))
+        best = min(best, run(Variant(kernels, (), "graph")), key=_time)
     for name in names:
         m = run(replace(best.variant, rewrites=(*best.variant.rewrites, name)), need=name)
-        if m.ok and (not best.ok or m.ms < best.ms * _GAIN):
+        if m.ok and _time(m) < _time(best) * GAIN:
             best = m
     return best
+
+
+def _time(m: Measured) -> float:
+    """What variants are compared by: their own median (inf when they failed)."""
+    return m.ms if m.ok else float("inf")
 
 
 def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
@@ -197,13 +238,13 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     # One greedy chain without the kernels (a rewrite then reaches every site) and one with them: a kernel
     # that swallows a BatchNorm leaves nothing to fold, so the chains end in different places.
     heads = [_greedy(run, False, names, cuda)] + ([_greedy(run, True, names, cuda)] if kernels else [])
-    heads.sort(key=lambda m: m.ms if m.ok else float("inf"))
+    heads.sort(key=_time)
     best = heads[0]
     runtime = "inductor-cuda-graph" if cuda else "inductor"
     for head in heads if compile else []:
         if deadline is not None and time.monotonic() > deadline:
             break
-        m = run(replace(head.variant, runtime=runtime))
-        if m.ok and m.ms < best.ms:
+        m = run(replace(head.variant, runtime=runtime))  # a failed head is compiled too: Inductor may run it
+        if _time(m) < _time(best):
             best = m
     return best, tried

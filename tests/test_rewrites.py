@@ -68,17 +68,17 @@ def test_fold_bn_matches_eager_and_removes_every_batch_norm(shape):
         torch.testing.assert_close(opt(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-def test_channels_last_matches_eager_on_a_permuted_input_and_returns_row_major():
+@pytest.mark.parametrize("permuted", [True, False])
+def test_channels_last_matches_eager_and_keeps_eagers_output_layout(permuted):
     torch.manual_seed(1)
     model = ConvNet().eval()
-    base = torch.randn(2, 7, 13, 3)
-    x = base.permute(0, 3, 1, 2)  # a non-contiguous NCHW view
+    x = torch.randn(2, 7, 13, 3).permute(0, 3, 1, 2) if permuted else torch.randn(2, 3, 7, 13)
     opt, sites = _rewritten(model, [x], ("fold-bn", "channels-last"))
     assert sites["channels-last"] == 3
     with torch.no_grad():
-        got = opt(x)
-        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
-        assert got.is_contiguous()
+        got, want = opt(x), model(x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert got.is_contiguous() == want.is_contiguous() == (not permuted)  # eager's NCHW stays NCHW
 
 
 @pytest.mark.parametrize("batch", [(3, 4), (1, 1)])
@@ -93,6 +93,25 @@ def test_merge_linears_matches_eager_with_one_matmul_per_input(batch):
     with torch.no_grad():
         for got, want in zip(opt(x), model(x), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            assert got.is_contiguous() == want.is_contiguous()  # a returned slice is made row-major again
+
+
+def test_fold_bn_leaves_a_batch_norm_with_computed_affine_parameters():
+    class Computed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c, self.b = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.batch_norm(self.c(x), self.b.running_mean, self.b.running_var,
+                                                  self.b.weight * 3, self.b.bias + 1)
+
+    model = Computed().eval()
+    x = torch.randn(2, 3, 8, 8)
+    opt, sites = _rewritten(model, [x], ("fold-bn",))
+    assert sites == {"fold-bn": 0}
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x))
 
 
 class Pair(nn.Module):

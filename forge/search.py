@@ -82,6 +82,11 @@ def knobs_of(payload: Any) -> dict[str, Any]:
     return {"payload": repr(payload), "restorable": False}
 
 
+def policy_error(e: BaseException) -> str:
+    """The stop reason of a task whose policy raised."""
+    return f"policy error: {type(e).__name__}: {e}"[:300]
+
+
 def payload_of(policy: Policy, spec: TaskSpec, knobs: dict[str, Any]) -> tuple[Any, bool]:
     """(payload, restored) from stored knobs: the policy's `payload_of` if it has one, else JSON payloads.
 
@@ -189,11 +194,17 @@ class TaskSearch:
             if self.stop:
                 break
             # select + expand (the tree), then evaluate the batch: builds in parallel, timing one at a time
-            nodes = [n for n in (self.tree.select() for _ in range(min(budget.parallel, until - self.tried))) if n]
+            try:  # the policy proposes (in expand) and renders: its exception is this task's failure, not the run's
+                nodes = [n for n in (self.tree.select() for _ in range(min(budget.parallel, until - self.tried)))
+                         if n]
+                cands = [self.policy.render(self.spec, n.payload) for n in nodes]
+            except Exception as e:  # noqa: BLE001 - any policy bug: stored as the stop reason, the run goes on
+                log.exception("policy %s failed on task %s", self.policy.name, self.task.key)
+                self.stop = policy_error(e)
+                break
             if not nodes:
                 self.stop = "exhausted (no more ideas)"
                 break
-            cands = [self.policy.render(self.spec, n.payload) for n in nodes]
             for node, cand, res in zip(nodes, cands, ev.evaluate_many(self.spec, cands, seed=self.tried),
                                        strict=True):
                 self.tree.report(node, reward_of(res.speedup if res.status.passed else None))  # backpropagate
@@ -264,9 +275,14 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, store: Store, run_i
         rec = stored.get(t.key) or store.add_task(run_id, t.key, family=t.family, count=t.count, ms=t.ms,
                                                   share=t.share, source=t.source, meta={"ops": list(t.ops)})
         share = t.share or 0.0
-        why_not = policy.mine(TaskSpec.of(t)) if share >= budget.min_share else None
+        try:
+            why_not = policy.mine(TaskSpec.of(t)) if share >= budget.min_share else None
+        except Exception as e:  # noqa: BLE001 - a policy bug on one task: that task is not searched, the rest are
+            log.exception("policy %s failed on task %s", policy.name, t.key)
+            why_not = policy_error(e)
         if share < budget.min_share or why_not is not None:
             status, why = (("skipped", f"share below {budget.min_share:.0%} of model time") if why_not is None
+                           else ("skipped", why_not) if why_not.startswith("policy error")
                            else ("not mine", f"not mine: {why_not}"))
             if rec.state != "done":
                 store.update_task(rec.id, state="done", stop_reason=why)

@@ -13,7 +13,8 @@ from forge.tasks import build_tasks
 
 
 class Mixed(torch.nn.Module):
-    """BatchNorm(eval)+ReLU, a broadcast GELU-tanh cast to bf16, a permuted copy, a masked select, a tail."""
+    """BatchNorm(eval)+ReLU, a broadcast GELU-tanh cast to bf16, a permuted copy, a masked select, a tail,
+    hardtanh with its default bounds (exported without them) and a clamp by keyword."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -25,7 +26,8 @@ class Mixed(torch.nn.Module):
         b = torch.nn.functional.gelu(y * self.w + 1.0, approximate="tanh").to(torch.bfloat16)
         c = x.permute(0, 2, 3, 1) * 2
         d = torch.where(z > 0.5, torch.sigmoid(z), -z).clamp(-1.5, 3.0)
-        return a, b, c, d
+        e = torch.nn.Hardtanh()(z * 3) + torch.clamp(z, max=0.5)
+        return a, b, c, d, e
 
 
 def specs():

@@ -83,3 +83,38 @@ def test_budget_goes_by_share_times_headroom_and_every_stop_is_explained(tmp_pat
     assert all(t.state == "done" and t.stop_reason == out[t.key].stop_reason for t in stored.values())
     assert stored["headroom"].meta["weight"] > stored["some-headroom"].meta["weight"]
     assert stored["headroom"].meta["target"] == n["headroom"]
+
+
+class Buggy(Synthetic):
+    """A policy that raises: in `mine` for one task, in `propose` for another, in `render` for a third."""
+
+    def mine(self, spec: TaskSpec) -> str | None:
+        if spec.key == "mine-raises":
+            raise KeyError("missing argument 'max_val'")  # as the recipes did on an exported F.hardtanh
+        return super().mine(spec)
+
+    def propose(self, spec: TaskSpec, parent: object, feedback: str) -> list[int]:
+        if spec.key == "propose-raises":
+            raise IndexError("list index out of range")
+        return super().propose(spec, parent, feedback)
+
+    def render(self, spec: TaskSpec, payload: int) -> Candidate:
+        if spec.key == "render-raises":
+            raise ValueError("cannot render")
+        return super().render(spec, payload)
+
+
+def test_a_policy_error_is_that_tasks_failure_and_the_run_goes_on(tmp_path):
+    keys = ("mine-raises", "propose-raises", "render-raises", "fine")
+    pol = Buggy({k: (100.0, 10.0, 0.5) for k in keys})
+    store = Store(str(tmp_path / "s.db"))
+    run = store.create_run("m", device="cpu", dtype="fp32", policy=pol.name, config={})
+    budget = Budget(candidates=12, per_task=4, min_per_task=2, parallel=2, patience=100, min_share=0.01)
+    out = {o.key: o for o in search([task(k, 0.25) for k in keys], pol, pol, store, run.id, budget)}
+    assert out["mine-raises"].stop_reason == "policy error: KeyError: \"missing argument 'max_val'\""
+    assert out["propose-raises"].stop_reason == "policy error: IndexError: list index out of range"
+    assert out["render-raises"].stop_reason == "policy error: ValueError: cannot render"
+    assert all(out[k].candidates == 0 and out[k].status == "skipped" for k in keys[:3])
+    assert out["fine"].candidates > 0 and out["fine"].status == "improved"
+    stored = {t.key: t for t in store.get_tasks(run.id)}
+    assert all(stored[k].stop_reason.startswith("policy error") for k in keys[:3])

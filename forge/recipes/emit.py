@@ -215,11 +215,14 @@ class Emitter:
             return f"(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))"
         if name in ("clamp", "hardtanh", "clamp_min", "clamp_max"):
             a = self.value(args[0], idx)
-            lo = args[1] if name != "clamp_max" else None
-            hi = (args[2] if len(args) > 2 else kw.get("max")) if name in ("clamp", "hardtanh") else \
-                (args[1] if name == "clamp_max" else None)
-            if name == "hardtanh":
-                lo, hi = (args[1] if len(args) > 1 else -1.0), (args[2] if len(args) > 2 else 1.0)
+
+            def arg(i: int, key: str, default: Any) -> Any:  # positional, keyword, or the op's default
+                return args[i] if len(args) > i else kw.get(key, default)
+
+            lo, hi = {"hardtanh": lambda: (arg(1, "min_val", -1.0), arg(2, "max_val", 1.0)),
+                      "clamp": lambda: (arg(1, "min", None), arg(2, "max", None)),
+                      "clamp_min": lambda: (arg(1, "min", None), None),
+                      "clamp_max": lambda: (None, arg(1, "max", None))}[name]()
             if isinstance(lo, torch.fx.Node) or isinstance(hi, torch.fx.Node):
                 raise NotMine("tensor clamp bounds")
             expr = a if lo is None else f"forge_max({a}, {lit(lo)})"

@@ -26,7 +26,7 @@ class Mixed(torch.nn.Module):
         b = torch.nn.functional.gelu(y * self.w + 1.0, approximate="tanh").to(torch.bfloat16)
         c = x.permute(0, 2, 3, 1) * 2
         d = torch.where(z > 0.5, torch.sigmoid(z), -z).clamp(-1.5, 3.0)
-        e = torch.nn.Hardtanh()(z * 3) + torch.clamp(z, max=0.5)
+        e = torch.nn.functional.hardtanh(z * 3, min_val=-1, max_val=1) + torch.clamp(z, max=0.5)  # (mul,): no bounds
         return a, b, c, d, e
 
 

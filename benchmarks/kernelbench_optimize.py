@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+_CONVS = {"convolution", "cudnn_convolution", "convolution_backward", "_convolution"}  # task keys' main ops
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def run_one(path: Path, args: argparse.Namespace, work: Path) -> Row:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()] or [f"exit {proc.returncode}"]
         return Row(path.name, seconds=seconds, error=lines[-1][:160])
     r = json.loads(out.read_text())
-    vendor = sum(t["share"] for t in r["tasks"] if t["family"] in ("matmul", "convolution"))
+    vendor = sum(t["share"] for t in r["tasks"] if t["family"] == "matmul" or t["key"].split("-")[0] in _CONVS)
     row = Row(path.name, r["eager_ms"], r["forge_ms"], r["speedup"], r["applied"], r["outputs_match"],
               sum(t["status"] == "improved" for t in r["tasks"]), seconds,
               variant=(r.get("variant") or {}).get("name", "eager"), vendor_share=vendor)
@@ -139,6 +140,10 @@ def print_table(rows: list[Row], max_vendor: float) -> None:
               f"{r.improved} | {r.seconds:.0f} | {r.error or r.compile_error} |")
     fusion = [r for r in rows if r.speedup and r.compile_x and r.vendor_share is not None
               and r.vendor_share < max_vendor]
+    failed = [r for r in rows if not (r.speedup and r.compile_x)]
+    if failed:
+        print(f"\nleft out of the geomeans ({len(failed)}): " + ", ".join(
+            f"{r.file} ({'forge failed' if not r.speedup else 'torch.compile failed'})" for r in failed))
     if fusion:
         best = [max(r.compile_x, r.compile_ro_x or 0.0) for r in fusion]
         print(f"\nover the {len(fusion)} files with vendor share below {max_vendor:.0%}: geomean speedup over "
@@ -169,6 +174,8 @@ def main() -> int:
     if args.baseline:
         print(json.dumps(time_baseline(args.baseline, args.device)))
         return 0
+    if not args.files:
+        p.error("give at least one problem file")
     rows = []
     with tempfile.TemporaryDirectory(prefix="forge-kb-") as tmp:
         for path in args.files:

@@ -2,8 +2,10 @@
 
 KernelBench's shapes are sized for a GPU (a [16384, 16384] input is a gigabyte). This writes a copy of each
 file with its module-level integer constants that are sizes (not kernel sizes, strides, paddings,
-dilations, groups, dims or epsilons) halved, all together, until the largest input holds at most --elements
-elements (counted on the meta device: nothing is allocated). Constants of 8 or less are left alone. The
+dilations, groups, reduction dims, epsilons, ...: `_KEEP`) halved, all together, until the largest input
+and the largest output hold at most --elements elements (counted on the meta device: nothing is
+allocated). Sizes written as tuples or powers are not shrunk; a file whose sizes then no longer fit
+together is skipped, with the reason. Constants of 8 or less are left alone. The
 copies are for local runs only; KernelBench's files are not part of forge.
 
     python benchmarks/kernelbench_shrink.py KernelBench/level1/*.py --out /tmp/kb/level1 --elements 1048576
@@ -19,9 +21,10 @@ import types
 from pathlib import Path
 
 import torch
+import torch.utils._pytree as pytree
 
-_KEEP = re.compile(r"kernel|stride|pad|dilation|group|eps|axis|margin|alpha|beta|scale|^p$|seed|negative|"
-                   r"value|bias|reduce", re.I)
+_KEEP = re.compile(r"kernel|stride|pad|dilation|group|^eps|_eps|epsilon|axis|margin|alpha|beta|scale|^p$|seed|"
+                   r"negative|value|bias|reduce", re.I)
 
 
 def _int_of(node: ast.expr) -> int | None:
@@ -47,14 +50,15 @@ def size_constants(tree: ast.Module) -> list[ast.Assign]:
 
 
 def largest_input(source: str, path: Path) -> int:
-    """Elements of the largest tensor get_inputs() returns, built on the meta device; the model is run on them
-    there too, so sizes that no longer fit together (a shape kept in a tuple, say) raise."""
+    """Elements of the largest input (get_inputs()) or output of the model, run on the meta device; sizes
+    that no longer fit together (a shape kept in a tuple, say) raise."""
     module = types.ModuleType(path.stem)
     with torch.device("meta"), torch.no_grad():
         exec(compile(source, str(path), "exec"), module.__dict__)  # noqa: S102 - a benchmark file of the user's
         inputs = module.get_inputs()
-        module.Model(*module.get_init_inputs())(*inputs)
-    return max((x.numel() for x in inputs if isinstance(x, torch.Tensor)), default=0)
+        outputs = module.Model(*module.get_init_inputs())(*inputs)
+    tensors = [x for x in (*inputs, *pytree.tree_leaves(outputs)) if isinstance(x, torch.Tensor)]
+    return max((x.numel() for x in tensors), default=0)
 
 
 def shrink(path: Path, elements: int) -> str | None:

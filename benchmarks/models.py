@@ -51,7 +51,7 @@ def round_robin(fns: dict[str, Callable[[], Any]], device: str, runs: int = 25, 
         for _ in range(warmup):
             for f in fns.values():
                 f()
-        for _ in range(runs):
+        for _ in range(runs if cuda else max(1, runs // (BLOCK - 1))):  # about `runs` samples either way
             for k, f in fns.items():
                 if not cuda:
                     f()  # in the previous one's wake: not counted
@@ -118,8 +118,9 @@ EXTRA_KEYS = ("forge_x_eager", "forge_x_compile", "spread", "max_rel_err", "comp
 
 
 def collect(files: list[str], into: str) -> list[dict]:
-    """The rows of several runs' --json files (the newest row wins per model and dtype), merged into the
-    results file `into`: the issue's keys first, then the spreads and ratios; the full report stays out."""
+    """The rows of several runs' --json files merged into the results file `into` (per model and dtype, the
+    row of the last file given replaces the one there): the issue's keys first, then the spreads and
+    ratios; the full report stays out."""
     path = Path(into)
     rows = {(r["model"], r["dtype"]): r for r in (json.loads(path.read_text()) if path.is_file() else [])}
     for f in files:

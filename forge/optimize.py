@@ -38,8 +38,8 @@ class OptimizeReport:
     forge_ms: float
     outputs_match: bool
     max_rel_err: float
-    applied: bool  # False: the patched model was not faster (or had no kernel), so forge returns eager
-    patched_ms: float  # the patched model's measured time without a CUDA graph, applied or not
+    applied: bool  # False: no variant (forge.variants) was 1% faster than eager, so forge returns eager
+    patched_ms: float  # the found kernels with no rewrite (a CUDA graph on CUDA), applied or not
     cuda_graph: bool  # the model you get replays the patched forward as a CUDA graph
     graph_ms: float | None  # the patched model's time as a CUDA graph (CUDA only), used or not
     graph_note: str  # why it could not be captured, if it could not
@@ -163,11 +163,14 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
             "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype}
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
     best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor, deadline=deadline)
-    # the found kernels with no rewrite (the first variant of their chain), for the report's patched_ms
-    first = next((m for m in tried if m.variant.kernels == bool(kernels) and not m.variant.rewrites), tried[0])
-    graph = next((m for m in tried if m.variant.runtime == "cuda-graph" and m.variant == first.variant), None)
-    trivial = best.variant == Variant(False, (), "graph")  # the captured graph as it is: eager by another name
-    applied = best.ok and not trivial and best.ms < best.eager_ms * GAIN
+    trivial = Variant(False, (), "graph")  # the captured graph as it is: eager by another name, never "applied"
+    best = min((m for m in tried if m.ok and m.variant != trivial), key=lambda m: m.ms, default=best)
+    # the found kernels with no rewrite (the first variant of their chain that ran), for the report
+    plain = [m for m in tried if m.variant.kernels == bool(kernels) and not m.variant.rewrites
+             and not m.variant.runtime.startswith("inductor")]
+    first = next((m for m in plain if m.ok), plain[0] if plain else tried[0])
+    graph = next((m for m in plain if m.variant.runtime == "cuda-graph"), None)
+    applied = best.ok and best.variant != trivial and best.ms < best.eager_ms * GAIN
     eager_ms = next((m.eager_ms for m in (best, *tried) if m.eager_ms), 0.0) or _eager_ms(loaded)
     forge_ms = best.ms
     if applied:
@@ -176,15 +179,16 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
                                      "cuda_graph": best.variant.runtime == "cuda-graph"})
     else:  # never slower: the model you get is eager, and so is its time
         forge_ms = eager_ms
-        artifact.save(folder, [], {**info, "note": f"not applied: no variant was faster than eager "
-                                   f"(best {best.variant.name}: {best.ms:.3f} ms against {best.eager_ms:.3f})"})
+        why = (f"no variant was 1% faster than eager (best {best.variant.name}: {best.ms:.3f} ms against "
+               f"{best.eager_ms:.3f})" if best.ok else f"every variant failed ({best.error or 'outputs differ'})")
+        artifact.save(folder, [], {**info, "note": f"not applied: {why}"})
     # the model you get: the variant's outputs, or eager's own (every variant's are in report.variants)
     match, err = (best.match, best.max_rel_err) if applied else (True, 0.0)
     store.update_run(run.id, state="done", eager_ms=eager_ms, forge_ms=forge_ms)
     cost = store.run_cost(run.id)
     return OptimizeReport(run.id, loaded.device, pol.name, eager_ms, forge_ms, match, err, applied, first.ms,
                           applied and best.variant.runtime == "cuda-graph", graph.ms if graph and graph.ok else None,
-                          graph.error if graph else "", tuple(outcomes),
+                          graph.error if graph and "CUDA graph" in graph.error else "", tuple(outcomes),
                           str(folder), {"usd": cost.usd, "tokens_in": cost.tokens_in, "tokens_out": cost.tokens_out,
                                         "device_seconds": cost.device_seconds,
                                         "wall_seconds": time.monotonic() - start},

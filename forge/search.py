@@ -12,6 +12,9 @@ for it ("not mine"); its stop reason says which.
 Every task is stored when the search starts, every candidate and evaluation the moment it exists, and
 the probe's weights and each task's candidate target when they are decided, so `resume=True` rebuilds
 every tree from the store (no node evaluated again) and continues where the run stopped.
+
+A policy that raises in `mine`, `propose` or `render` stops that task alone, with the stop reason
+`policy error: ...` (stored at once, so a resumed run does not retry it); the other tasks go on.
 """
 
 from __future__ import annotations
@@ -201,6 +204,7 @@ class TaskSearch:
             except Exception as e:  # noqa: BLE001 - any policy bug: stored as the stop reason, the run goes on
                 log.exception("policy %s failed on task %s", self.policy.name, self.task.key)
                 self.stop = policy_error(e)
+                self.store.update_task(self.rec.id, state="done", stop_reason=self.stop)  # a resume skips it
                 break
             if not nodes:
                 self.stop = "exhausted (no more ideas)"
@@ -211,7 +215,11 @@ class TaskSearch:
                 self._record(node, cand, res)
                 self._account(res, lambda cand=cand: cand)
                 if hasattr(self.policy, "observe"):  # feedback for policies that learn from outcomes (LLMs)
-                    self.policy.observe(self.spec, node.payload, cand, res)
+                    try:
+                        self.policy.observe(self.spec, node.payload, cand, res)
+                    except Exception:  # noqa: BLE001 - lost feedback, not a lost run
+                        log.exception("policy %s failed to observe a result of task %s", self.policy.name,
+                                      self.task.key)
             if progress:
                 progress(self.task.key, self.tried, self.eager_us / self.best[0] if self.best and self.eager_us
                          else None)

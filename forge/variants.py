@@ -202,8 +202,8 @@ def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtif
 def _greedy(run: Callable[..., Measured], kernels: bool, names: tuple[str, ...], cuda: bool) -> Measured:
     """Rewrites added one at a time on the runtime without compilation, each kept if the forward got faster."""
     best = run(Variant(kernels, (), "cuda-graph" if cuda else "graph"))
-    if cuda and not best.ok:  # not capturable as a CUDA graph: the graph runtime
-        best = min(best, run(Variant(kernels, (), "graph")), key=_time)
+    if cuda and not best.ok:  # not capturable as a CUDA graph: the graph runtime (kept on a tie of failures)
+        best = min(run(Variant(kernels, (), "graph")), best, key=_time)
     for name in names:
         m = run(replace(best.variant, rewrites=(*best.variant.rewrites, name)), need=name)
         if m.ok and _time(m) < _time(best) * GAIN:

@@ -69,3 +69,23 @@ def test_not_mine_says_why():
             reasons[t.family] = str(e)
     assert "convolution" in reasons["convolution/pooling"]
     assert "reduction or normalization" in reasons["normalization"]
+
+
+def test_clamps_and_relu_keep_nan_as_torch_does():
+    """torch's relu, clamp and hardtanh return NaN for NaN; a `a > b ? a : b` max returned the bound."""
+    from forge.build import build
+    from forge.dispatch import GuardedKernel, KernelArtifact
+
+    class Clamps(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) + torch.clamp(x, -0.5, 0.5) + torch.nn.functional.hardtanh(x)
+
+    x = torch.randn(257)
+    x[::7] = float("nan")
+    (task,) = build_tasks(capture(Clamps(), [x]).graph_module.graph)
+    built = build(candidate(lower(TaskSpec.of(task)), Knobs()))
+    assert built.ok, built.log[-500:]
+    art = KernelArtifact(task.key, "cpu", built.path, "forge_launch", task.inputs, task.outputs, task.source)
+    with torch.no_grad():
+        (got,) = GuardedKernel(art, strict=True)(x)
+    torch.testing.assert_close(got, Clamps()(x), equal_nan=True)

@@ -32,8 +32,8 @@ __device__ __forceinline__ float forge_expf(float x) { return expf(x); }
 __device__ __forceinline__ float forge_tanhf(float x) { return tanhf(x); }
 __device__ __forceinline__ float forge_sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 #endif
-__device__ __forceinline__ float forge_max(float a, float b) { return a > b ? a : b; }
-__device__ __forceinline__ float forge_min(float a, float b) { return a < b ? a : b; }
+__device__ __forceinline__ float forge_max(float a, float b) { return a > b || a != a ? a : b; }  // NaN wins
+__device__ __forceinline__ float forge_min(float a, float b) { return a < b || a != a ? a : b; }
 template <typename T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -70,8 +70,8 @@ static inline float forge_tanhf(float x) {
   return 1.0f - 2.0f / (forge_expf(2.0f * x) + 1.0f);
 }
 static inline float forge_sigmoidf(float x) { return 1.0f / (1.0f + forge_expf(x < -88.0f ? 88.0f : -x)); }
-static inline float forge_max(float a, float b) { return a > b ? a : b; }
-static inline float forge_min(float a, float b) { return a < b ? a : b; }
+static inline float forge_max(float a, float b) { return a > b || a != a ? a : b; }  /* NaN wins, as in torch */
+static inline float forge_min(float a, float b) { return a < b || a != a ? a : b; }
 """
 
 

@@ -7,16 +7,7 @@
 # Carry .whl (sqlalchemy for the store, diffusers for SD3.5; see h200_eval.sh). Env: LIMIT (seconds a job,
 # default 560).
 set -u
-OUT=${OUT:-out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 1
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 -c \
-  'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)'; } \
-  2>&1 | tee "$OUT/env.txt"
+. "$(dirname "$0")/h200_setup.sh"
 for job in "$@"; do
   IFS=: read -r model dtype extra <<<"$job"
   name="$model.$dtype"

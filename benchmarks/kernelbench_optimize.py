@@ -176,7 +176,9 @@ def main() -> int:
         return 0
     if not args.files:
         p.error("give at least one problem file")
-    rows = []
+    from provenance import stamp  # benchmarks/, on sys.path as the script's folder
+
+    rows, where = [], stamp(args.device)
     with tempfile.TemporaryDirectory(prefix="forge-kb-") as tmp:
         for path in args.files:
             rows.append(run_one(path, args, Path(tmp)))
@@ -184,7 +186,7 @@ def main() -> int:
             print(f"{r.file}: {r.error or f'{r.speedup:.2f}x applied={r.applied}'} ({r.seconds:.0f} s)",
                   file=sys.stderr, flush=True)
             if args.json:
-                Path(args.json).write_text(json.dumps([asdict(x) for x in rows], indent=1) + "\n")
+                Path(args.json).write_text(json.dumps([{**asdict(x), **where} for x in rows], indent=1) + "\n")
     print_table(rows, args.max_vendor)
     bad = [r for r in rows if r.error or (r.speedup is not None and r.speedup < 1.0) or r.outputs_match is False]
     return 1 if bad else 0

@@ -17,12 +17,9 @@ Writes a list of rows {"model", "dtype", "eager_ms", "compile_ms", "compile_ro_m
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,49 +31,23 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from provenance import stamp  # noqa: E402  (benchmarks/, on sys.path as the script's folder)
+
 import forge  # noqa: E402
-from forge.endtoend import BLOCK, _time_once, fresh_inputs, outputs_match  # noqa: E402
+from forge.endtoend import alternate, fresh_inputs, outputs_match  # noqa: E402
 from forge.model_input import load_zoo  # noqa: E402
 from forge.optimize import optimize  # noqa: E402
 from forge.search import Budget  # noqa: E402
 from forge.store import Store  # noqa: E402
 
 
-def round_robin(fns: dict[str, Callable[[], Any]], device: str, runs: int = 25, warmup: int = 3) -> dict[str, dict]:
-    """Each callable timed in turn, call by call (CUDA) or in blocks (CPU: forge.endtoend says why); per name
-    the median, p10 and p90 in ms."""
-    cuda = device.startswith("cuda")
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    with torch.no_grad():
-        for _ in range(warmup):
-            for f in fns.values():
-                f()
-        for _ in range(runs if cuda else max(1, runs // (BLOCK - 1))):  # about `runs` samples either way
-            for k, f in fns.items():
-                if not cuda:
-                    f()  # in the previous one's wake: not counted
-                samples[k].extend(_time_once(f, cuda) for _ in range(1 if cuda else BLOCK - 1))
+def round_robin(fns: dict[str, Callable[[], Any]], device: str, runs: int = 25) -> dict[str, dict]:
+    """Each callable timed in turn (forge.endtoend.alternate); per name the median, p10 and p90 in ms."""
     out = {}
-    for k, s in samples.items():
+    for k, s in zip(fns, alternate(list(fns.values()), device, runs), strict=True):
         s = sorted(s)
         out[k] = {"median": statistics.median(s), "p10": s[int(0.1 * (len(s) - 1))], "p90": s[int(0.9 * (len(s) - 1))]}
     return out
-
-
-def commit() -> str:
-    """$FORGE_COMMIT (a copy of the tree without .git, as on the device), else the checkout's commit (with
-    +dirty when the tree has changes), or 'unknown'."""
-    if os.environ.get("FORGE_COMMIT"):
-        return os.environ["FORGE_COMMIT"]
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store: Store, tmp: str, row: dict,
@@ -175,9 +146,7 @@ def main() -> int:
                 Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
         for name in args.models:
-            rows.append({"model": name, "dtype": args.dtype, "sizes": sizes, "commit": commit(),
-                         "date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name()
-                         if args.device.startswith("cuda") else "cpu", "torch": torch.__version__})
+            rows.append({"model": name, "dtype": args.dtype, "sizes": sizes, **stamp(args.device)})
             try:
                 run_model(name, args, sizes, store, tmp, rows[-1], save)
             except Exception as e:  # noqa: BLE001 - one model failing must not lose the others' rows

@@ -25,6 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from provenance import stamp  # noqa: E402  (benchmarks/, on sys.path as the script's folder)
+
 from forge.endtoend import interleaved_ms  # noqa: E402
 from forge.model_input import load_zoo  # noqa: E402
 from forge.variants import choose  # noqa: E402
@@ -76,7 +78,7 @@ def main() -> int:
             Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
     for name in args.models:
-        row: dict[str, Any] = {"model": name, "dtype": args.dtype, "sizes": sizes}
+        row: dict[str, Any] = {"model": name, "dtype": args.dtype, "sizes": sizes, **stamp(args.device)}
         rows.append(row)
         try:
             loaded = load_zoo(name, args.device, args.dtype, **sizes)

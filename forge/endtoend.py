@@ -42,22 +42,27 @@ def _time_once(fn: Callable[[], Any], cuda: bool) -> float:
 BLOCK = 4  # CPU: calls of one side in a row (the first of them not counted), see the module docstring
 
 
+def alternate(fns: list[Callable[[], Any]], device: str, runs: int = 15, warmup: int = 3) -> list[list[float]]:
+    """At least `runs` millisecond samples of each callable, taken in turn (see the module docstring)."""
+    cuda = device.startswith("cuda")
+    timed = 1 if cuda else BLOCK - 1
+    samples: list[list[float]] = [[] for _ in fns]
+    with torch.no_grad():
+        for _ in range(warmup):
+            for fn in fns:
+                fn()
+        while len(samples[0]) < runs:
+            for fn, out in zip(fns, samples, strict=True):
+                if not cuda:
+                    fn()  # in the previous one's wake: not counted
+                out.extend(_time_once(fn, cuda) for _ in range(timed))
+    return samples
+
+
 def interleaved_ms(eager: Callable[[], Any], optimized: Callable[[], Any], device: str, runs: int = 15,
                    warmup: int = 3) -> tuple[float, float]:
     """Median milliseconds of eager and optimized forwards, alternating (see the module docstring)."""
-    cuda = device.startswith("cuda")
-    block = 1 if cuda else BLOCK
-    with torch.no_grad():
-        for _ in range(warmup):
-            eager()
-            optimized()
-        a: list[float] = []
-        b: list[float] = []
-        while len(a) < runs:
-            for fn, out in ((eager, a), (optimized, b)):
-                if block > 1:
-                    fn()  # in the other side's wake: not counted
-                out.extend(_time_once(fn, cuda) for _ in range(block if block == 1 else block - 1))
+    a, b = alternate([eager, optimized], device, runs, warmup)
     return statistics.median(a), statistics.median(b)
 
 

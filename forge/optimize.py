@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 from forge import artifact
 from forge.dispatch import KernelArtifact
-from forge.endtoend import interleaved_ms
+from forge.endtoend import alternate
 from forge.errors import UserError
 from forge.evaluate import Evaluator
 from forge.model_input import LoadedModel
@@ -18,7 +19,7 @@ from forge.policy import Policy, RecipePolicy
 from forge.profile import profile_model
 from forge.search import Budget, Progress, TaskOutcome, search
 from forge.store import RunRecord, Store, TaskRecord
-from forge.variants import GAIN, Measured, Variant, choose
+from forge.variants import GAIN, TRIVIAL, Measured, Variant, choose
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class OptimizeReport:
 
 def _eager_ms(loaded: LoadedModel) -> float:
     """Eager's time alone, for a run where no variant could be measured."""
-    return interleaved_ms(lambda: loaded.model(*loaded.inputs), lambda: None, loaded.device)[0]
+    return statistics.median(alternate([lambda: loaded.model(*loaded.inputs)], loaded.device)[0])
 
 
 def make_policy(name: str, device: str, **llm: Any) -> Policy:
@@ -163,14 +164,12 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
             "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype}
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
     best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor, deadline=deadline)
-    trivial = Variant(False, (), "graph")  # the captured graph as it is: eager by another name, never "applied"
-    best = min((m for m in tried if m.ok and m.variant != trivial), key=lambda m: m.ms, default=best)
     # the found kernels with no rewrite (the first variant of their chain that ran), for the report
     plain = [m for m in tried if m.variant.kernels == bool(kernels) and not m.variant.rewrites
              and not m.variant.runtime.startswith("inductor")]
     first = next((m for m in plain if m.ok), plain[0] if plain else tried[0])
     graph = next((m for m in plain if m.variant.runtime == "cuda-graph"), None)
-    applied = best.ok and best.variant != trivial and best.ms < best.eager_ms * GAIN
+    applied = best.ok and best.variant != TRIVIAL and best.ms < best.eager_ms * GAIN
     eager_ms = next((m.eager_ms for m in (best, *tried) if m.eager_ms), 0.0) or _eager_ms(loaded)
     forge_ms = best.ms
     if applied:

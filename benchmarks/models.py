@@ -11,7 +11,8 @@ on fresh inputs (forge.endtoend's tolerance). Run one model a process (h200_mode
     python benchmarks/models.py --device cpu --models resnet50 --batch 2 --resolution 64 --seconds 30   # smoke
 
 Writes a list of rows {"model", "dtype", "eager_ms", "compile_ms", "compile_ro_ms", "forge_ms", "variant",
-"outputs_match", "peak_mem_ratio", "optimize_s", "commit", "date", ...} (--json) and prints a markdown table.
+"outputs_match", "peak_mem_ratio", "optimize_s", "commit", "date", ...} (--json) and prints a markdown table;
+with --profile, also "profile": forge's and the faster compile's device time by kernel family and kernel.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from provenance import stamp  # noqa: E402  (benchmarks/, on sys.path as the script's folder)
+from breakdown import breakdown  # noqa: E402  (benchmarks/, on sys.path as the script's folder)
+from provenance import stamp  # noqa: E402
 
 import forge  # noqa: E402
 from forge.endtoend import alternate, fresh_inputs, outputs_match  # noqa: E402
@@ -80,12 +82,19 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
                compile_match=matches["compile"][0], compile_ro_match=matches["compile_ro"][0])
     best = min(row["compile_ms"], row["compile_ro_ms"])
     row.update(forge_x_eager=row["eager_ms"] / row["forge_ms"], forge_x_compile=best / row["forge_ms"])
+    if args.profile and device.startswith("cuda"):  # what the gap is made of: device time by kernel family
+        faster = "compile" if row["compile_ms"] <= row["compile_ro_ms"] else "compile_ro"
+        try:
+            row["profile"] = {k: breakdown(fns[k]) for k in ("forge", faster)}
+        except Exception as e:  # noqa: BLE001 - the timings above stand without it
+            row["profile_error"] = f"{type(e).__name__}: {e}"[:300]
 
 
 ROW_KEYS = ("model", "dtype", "eager_ms", "compile_ms", "compile_ro_ms", "forge_ms", "variant", "outputs_match",
             "peak_mem_ratio", "optimize_s", "commit", "date")
 EXTRA_KEYS = ("forge_x_eager", "forge_x_compile", "spread", "max_rel_err", "compile_match", "compile_ro_match",
-              "compile_s", "compile_ro_s", "device", "torch", "sizes", "error")
+              "compile_s", "compile_ro_s", "device", "torch", "sizes", "error", "profile",
+              "profile_error")
 
 
 def collect(files: list[str], into: str) -> list[dict]:
@@ -116,6 +125,14 @@ def table(rows: list[dict]) -> None:
               + (f" failed: {r['error']}" if "error" in r else ""))
 
 
+def profiles(rows: list[dict]) -> None:
+    """Per profiled row, device ms a call by kernel family for forge and the faster compile."""
+    for r in (r for r in rows if "profile" in r):
+        print(f"\n{r['model']} {r['dtype']}: device ms a call by kernel family")
+        for run, b in r["profile"].items():
+            print(f"- {run}: {b['ms']:.2f} = " + ", ".join(f"{f} {ms:.2f}" for f, ms in b["families"].items()))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["resnet50"])
@@ -123,6 +140,8 @@ def main() -> int:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--seconds", type=float, help="forge optimize's wall-time budget (default: forge's own)")
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--profile", action="store_true", help="on CUDA, also break forge's and the faster compile's "
+                   "device time down by kernel (torch profiler; benchmarks/breakdown.py)")
     for name in ("layers", "batch", "seq", "resolution"):
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--json")
@@ -131,7 +150,9 @@ def main() -> int:
     p.add_argument("--into", default="benchmarks/results/h200-models.json")
     args = p.parse_args()
     if args.collect:
-        table(collect(args.collect, args.into))
+        rows = collect(args.collect, args.into)
+        table(rows)
+        profiles(rows)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("forge.capture", "forge.rewrites", "torch"):
@@ -154,6 +175,7 @@ def main() -> int:
                 rows[-1]["error"] = f"{type(e).__name__}: {e}"[:300]
             save()
     table(rows)
+    profiles(rows)
     return 0
 
 

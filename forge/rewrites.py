@@ -11,6 +11,8 @@ with outputs matching. The rewrites (REWRITES is the one table of them):
   again, as eager returns them.
 - `merge-linears`: matmuls that read the same input with constant weights (Q, K and V; gate and up)
   become one matmul on the concatenated weights, sliced afterwards.
+- `gelu-epilogue`, `attention-gemm`: see forge.rewrite_gemm (GELU in cuBLASLt's epilogue; attention with
+  wide heads as two GEMMs around a softmax).
 - `cudnn-epilogue` (CUDA): convolution (+ bias) + ReLU, and convolution + residual add + ReLU, become
   cuDNN's fused `cudnn_convolution_relu` / `cudnn_convolution_add_relu` (the epilogue runs inside the
   convolution: the pass over its output is gone).
@@ -23,86 +25,16 @@ from __future__ import annotations
 
 import logging
 import operator
-from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
 import torch.fx
 
+from forge.rewrite_base import Graph, Rewrite, is_op, only_user, outputs_row_major, same_meta
+from forge.rewrite_gemm import AttentionGemm, GeluEpilogue
+
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
-
-
-class Graph:
-    """A graph module being rewritten, with the values of its constant inputs."""
-
-    def __init__(self, gm: torch.fx.GraphModule, template: list[Any], user_slots: list[int]) -> None:
-        self.gm, self.graph = gm, gm.graph
-        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
-        users = set(user_slots)
-        self._consts = {p: template[i] for i, p in enumerate(placeholders)
-                        if i not in users and isinstance(template[i], torch.Tensor)}
-        self._count = 0
-
-    def const(self, node: Any) -> torch.Tensor | None:
-        """The value of `node` if it is a constant tensor (a parameter, a buffer, a folded constant)."""
-        if not isinstance(node, torch.fx.Node):
-            return None
-        if node.op == "get_attr":
-            return getattr(self.gm, str(node.target), None)
-        return self._consts.get(node)
-
-    def add_const(self, value: torch.Tensor, before: torch.fx.Node, stem: str) -> torch.fx.Node:
-        """A new constant as a `get_attr` node inserted before `before`."""
-        self._count += 1
-        name = f"_forge_{stem}_{self._count}"
-        self.gm.register_buffer(name, value.detach().clone(), persistent=False)
-        with self.graph.inserting_before(before):
-            node = self.graph.get_attr(name)
-        node.meta["val"] = value
-        return node
-
-    def call(self, target: Any, args: tuple[Any, ...], before: torch.fx.Node, like: torch.fx.Node | None = None,
-             kwargs: dict[str, Any] | None = None) -> torch.fx.Node:
-        """A new call_function node before `before`, carrying `like`'s metadata (its value's shape and dtype)."""
-        with self.graph.inserting_before(before):
-            node = self.graph.call_function(target, args, kwargs or {})
-        if like is not None:
-            node.meta = dict(like.meta)
-        return node
-
-    def finish(self) -> None:
-        """Drop what no longer has users (nodes, and constants a later rewrite replaced) and recompile."""
-        self.graph.eliminate_dead_code()
-        used = {str(n.target) for n in self.graph.nodes if n.op == "get_attr"}
-        for name in [b for b, _ in self.gm.named_buffers() if b.startswith("_forge_") and b not in used]:
-            delattr(self.gm, name)
-        self.graph.lint()
-        self.gm.recompile()
-
-
-def _is(node: Any, *targets: Any) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
-
-
-def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
-    users = list(node.users)
-    return users[0] if len(users) == 1 else None
-
-
-class Rewrite(ABC):
-    """One kind of rewrite; `apply` changes the graph in place and returns how many sites it rewrote."""
-
-    name: str = ""
-    devices: tuple[str, ...] = ("cpu", "cuda")
-
-    def applies_to(self, device: str) -> bool:
-        """Whether the rewrite is for this device type."""
-        return device.split(":")[0] in self.devices
-
-    @abstractmethod
-    def apply(self, g: Graph) -> int:
-        """Rewrite every site in `g`; the number of sites."""
 
 
 class FoldBatchNorm(Rewrite):
@@ -113,10 +45,10 @@ class FoldBatchNorm(Rewrite):
     def apply(self, g: Graph) -> int:
         sites = 0
         for bn in list(g.graph.nodes):
-            if not _is(bn, aten._native_batch_norm_legit_no_training.default):
+            if not is_op(bn, aten._native_batch_norm_legit_no_training.default):
                 continue
             conv, gamma, beta, mean, var, _momentum, eps = bn.args
-            if not _is(conv, aten.convolution.default) or _only_user(conv) is not bn or conv.args[6]:
+            if not is_op(conv, aten.convolution.default) or only_user(conv) is not bn or conv.args[6]:
                 continue  # not a (non-transposed) convolution read by this BatchNorm alone
             w, b = g.const(conv.args[1]), g.const(conv.args[2]) if conv.args[2] is not None else None
             stats = [g.const(a) if a is not None else None for a in (gamma, beta, mean, var)]
@@ -125,7 +57,7 @@ class FoldBatchNorm(Rewrite):
                     or mean is None or var is None:
                 continue  # a statistic or an affine parameter that is computed, not a constant
             outs = list(bn.users)
-            if not all(_is(u, operator.getitem) and u.args[1] == 0 for u in outs):
+            if not all(is_op(u, operator.getitem) and u.args[1] == 0 for u in outs):
                 continue  # the batch statistics outputs are read: not an inference BatchNorm
             acc = torch.promote_types(w.dtype, torch.float32)  # fold in float32 at least (float64 stays float64)
             gm_, bt, mu, vr = (s.to(acc) if s is not None else None for s in stats)
@@ -148,11 +80,11 @@ class ChannelsLast(Rewrite):
     name = "channels-last"
 
     def apply(self, g: Graph) -> int:
-        if any(_is(n, aten.as_strided.default) for n in g.graph.nodes):
+        if any(is_op(n, aten.as_strided.default) for n in g.graph.nodes):
             return 0  # explicit strides would read NHWC buffers as if they were NCHW
         sites = 0
         for conv in list(g.graph.nodes):
-            if not _is(conv, aten.convolution.default, aten.cudnn_convolution_relu.default,
+            if not is_op(conv, aten.convolution.default, aten.cudnn_convolution_relu.default,
                        aten.cudnn_convolution_add_relu.default):
                 continue
             w = g.const(conv.args[1])
@@ -162,27 +94,8 @@ class ChannelsLast(Rewrite):
             conv.update_arg(1, g.add_const(w.contiguous(memory_format=torch.channels_last), conv, "w_nhwc"))
             sites += 1
         if sites:
-            _outputs_row_major(g)
+            outputs_row_major(g)
         return sites
-
-
-def _outputs_row_major(g: Graph) -> None:
-    """Graph outputs that eager returns row-major stay row-major (a rewrite may have made them NHWC, or slices
-    of a merged matmul): user code may `view` them."""
-    out = next(n for n in g.graph.nodes if n.op == "output")
-
-    def fix(a: Any) -> Any:
-        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-        if isinstance(val, torch.Tensor) and val.is_contiguous():
-            return g.call(row_major, (a,), out, like=a)
-        return a
-
-    out.args = (torch.fx.node.map_aggregate(out.args[0], fix),)
-
-
-def row_major(t: torch.Tensor) -> torch.Tensor:
-    """`t`, or a row-major copy of it when it is not row-major."""
-    return t if t.is_contiguous() else t.contiguous()
 
 
 class MergeLinears(Rewrite):
@@ -202,26 +115,26 @@ class MergeLinears(Rewrite):
                 self._merge(g, mms)
                 sites += 1
         if sites:
-            _outputs_row_major(g)
+            outputs_row_major(g)
         return sites
 
     @staticmethod
     def _source(a: torch.fx.Node) -> tuple[Any, ...]:
         """What a matmul's left operand is: the tensor it views, and the view's shape."""
-        if _is(a, aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+        if is_op(a, aten.view.default, aten.reshape.default, aten._unsafe_view.default):
             return (a.args[0], tuple(a.args[1]))
         return (a, None)
 
     def _site(self, g: Graph, mm: torch.fx.Node) -> tuple[Any, ...] | None:
-        if _is(mm, aten.mm.default):
+        if is_op(mm, aten.mm.default):
             a, wt, bias = mm.args[0], mm.args[1], None
-        elif _is(mm, aten.addmm.default) and not mm.kwargs and len(mm.args) == 3:
+        elif is_op(mm, aten.addmm.default) and not mm.kwargs and len(mm.args) == 3:
             bias, a, wt = mm.args
             if g.const(bias) is None:
                 return None
         else:
             return None
-        if not (_is(wt, aten.permute.default) and list(wt.args[1]) == [1, 0]) or g.const(wt.args[0]) is None:
+        if not (is_op(wt, aten.permute.default) and list(wt.args[1]) == [1, 0]) or g.const(wt.args[0]) is None:
             return None
         w = g.const(wt.args[0])
         if w.dim() != 2 or bias is not None and tuple(g.const(bias).shape) != (w.shape[0],):
@@ -260,17 +173,17 @@ class CudnnEpilogue(Rewrite):
     def apply(self, g: Graph) -> int:
         sites = 0
         for relu in list(g.graph.nodes):
-            if not _is(relu, aten.relu.default):
+            if not is_op(relu, aten.relu.default):
                 continue
             src = relu.args[0]
             conv, z = src, None
-            if _is(src, aten.add.Tensor) and _only_user(src) is relu and len(src.args) == 2 and not src.kwargs:
+            if is_op(src, aten.add.Tensor) and only_user(src) is relu and len(src.args) == 2 and not src.kwargs:
                 for c, other in ((src.args[0], src.args[1]), (src.args[1], src.args[0])):
-                    if self._fusible(c) and _only_user(c) is src and isinstance(other, torch.fx.Node) and \
-                            _same_meta(c, other):
+                    if self._fusible(c) and only_user(c) is src and isinstance(other, torch.fx.Node) and \
+                            same_meta(c, other):
                         conv, z = c, other
                         break
-            if not self._fusible(conv) or _only_user(conv) is not (src if z is not None else relu):
+            if not self._fusible(conv) or only_user(conv) is not (src if z is not None else relu):
                 continue
             x, w, b, stride, padding, dilation, _t, _op, groups = conv.args
             if z is None:
@@ -285,7 +198,7 @@ class CudnnEpilogue(Rewrite):
 
     @staticmethod
     def _fusible(conv: Any) -> bool:
-        if not _is(conv, aten.convolution.default):
+        if not is_op(conv, aten.convolution.default):
             return False
         val = conv.meta.get("val")
         transposed, output_padding = conv.args[6], conv.args[7]
@@ -293,14 +206,8 @@ class CudnnEpilogue(Rewrite):
                 and val.dtype in (torch.float32, torch.float16, torch.bfloat16))
 
 
-def _same_meta(a: torch.fx.Node, b: torch.fx.Node) -> bool:
-    va, vb = a.meta.get("val"), b.meta.get("val")
-    return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.shape == vb.shape and \
-        va.dtype == vb.dtype
-
-
-REWRITES: dict[str, Rewrite] = {r.name: r for r in (FoldBatchNorm(), MergeLinears(), CudnnEpilogue(),
-                                                     ChannelsLast())}
+REWRITES: dict[str, Rewrite] = {r.name: r for r in (FoldBatchNorm(), MergeLinears(), GeluEpilogue(),
+                                                     AttentionGemm(), CudnnEpilogue(), ChannelsLast())}
 
 
 def parse(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:

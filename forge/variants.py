@@ -154,21 +154,27 @@ class Compiled(torch.nn.Module):
 
 
 def _peak_ratio(fn: Callable[..., Any], model: torch.nn.Module, inputs: list[Any], base: int) -> float | None:
-    """Peak device memory of one forward of `fn` over eager's alone. `base`: what was allocated before `fn` was
-    built, so eager's own peak is the one measured now less what building `fn` added (folded weights,
-    graph pools)."""
+    """Peak device memory (reserved by the caching allocator, so a CUDA graph's private pool counts) of one
+    forward of `fn` over eager's alone. `base`: what was reserved before `fn` was built, so eager's own
+    peak is the one measured now less what building `fn` added (folded weights, graph pools)."""
     if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
         return None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    held = torch.cuda.memory_reserved() - base  # what building fn keeps: graph pools, folded weights
+    peaks = []
     with torch.no_grad():
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        added = torch.cuda.memory_allocated() - base
-        model(*inputs)
-        eager_alone = torch.cuda.max_memory_allocated() - added
-        torch.cuda.reset_peak_memory_stats()
-        fn(*inputs)
-        ours = torch.cuda.max_memory_allocated()
-    return ours / eager_alone if eager_alone > 0 else None
+        for f in (model, fn):
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # what is cached but free is not a peak of this forward
+            torch.cuda.reset_peak_memory_stats()
+            f(*inputs)
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_reserved())
+    eager_alone = peaks[0] - held
+    return peaks[1] / eager_alone if eager_alone > 0 else None
 
 
 def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], variant: Variant,
@@ -179,7 +185,7 @@ def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtif
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated() if cuda else 0
+    base = torch.cuda.memory_reserved() if cuda else 0
     start = time.monotonic()
     try:
         fn, opt, sites = build(model, inputs, kernels, variant, device, cap=cap)

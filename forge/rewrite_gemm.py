@@ -1,0 +1,110 @@
+"""Rewrites that hand work to the vendor GEMM (forge.rewrites has the table):
+
+- `gelu-epilogue`: a matmul + bias followed by tanh-approximated GELU becomes one `_addmm_activation`
+  call, whose GELU runs in cuBLASLt's epilogue (the pass over the matmul's output is gone); where cuBLASLt
+  cannot take it, ATen runs addmm + tanh GELU. CUDA only: ATen's CPU `_addmm_activation` applies the exact
+  (erf) GELU instead.
+- `attention-gemm`: scaled dot-product attention with a head wider than the fused attention kernels take
+  (> 256: only the memory-efficient kernel runs it, far from the GEMM's rate) becomes two batched GEMMs
+  around a softmax: scores in float32 (`bmm` with a float32 result on CUDA), softmax in float32, the
+  probabilities in the value's dtype, as flash attention rounds them. Queries go in chunks so that the
+  scores of one chunk stay under CHUNK elements.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx
+
+from forge.rewrite_base import Graph, Rewrite, is_op, only_user
+
+aten = torch.ops.aten
+
+CHUNK = 1 << 26  # score elements a chunk of queries (256 MiB in float32)
+WIDE = 256  # head widths above this are beyond the flash and cuDNN attention kernels
+
+
+class GeluEpilogue(Rewrite):
+    """addmm (+ view) + gelu(approximate='tanh') -> _addmm_activation(use_gelu=True) (+ view)."""
+
+    name = "gelu-epilogue"
+    devices = ("cuda",)
+
+    def apply(self, g: Graph) -> int:
+        sites = 0
+        for gelu in list(g.graph.nodes):
+            if not is_op(gelu, aten.gelu.default) or _approximate(gelu) != "tanh":
+                continue
+            src = gelu.args[0]
+            mm = src.args[0] if is_op(src, aten.view.default, aten.reshape.default, aten._unsafe_view.default) \
+                else src
+            if not is_op(mm, aten.addmm.default) or mm.kwargs or len(mm.args) != 3 or only_user(mm) is not \
+                    (gelu if mm is src else src) or (mm is not src and only_user(src) is not gelu):
+                continue
+            bias, a, wt = mm.args
+            bv, val = bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None, mm.meta.get("val")
+            if not isinstance(bv, torch.Tensor) or not isinstance(val, torch.Tensor) or \
+                    tuple(bv.shape) != (val.shape[-1],):
+                continue  # a broadcast or scalar bias: cuBLASLt's epilogue takes a vector
+            fused = g.call(aten._addmm_activation.default, (bias, a, wt), mm, like=mm,
+                           kwargs={"use_gelu": True})
+            mm.replace_all_uses_with(fused)
+            gelu.replace_all_uses_with(gelu.args[0])
+            sites += 1
+        return sites
+
+
+def _approximate(gelu: torch.fx.Node) -> str:
+    return str(gelu.kwargs.get("approximate", gelu.args[1] if len(gelu.args) > 1 else "none"))
+
+
+class AttentionGemm(Rewrite):
+    """Unmasked, non-causal attention with a head wider than WIDE -> attention_by_gemm."""
+
+    name = "attention-gemm"
+
+    def apply(self, g: Graph) -> int:
+        sites = 0
+        for sdpa in list(g.graph.nodes):
+            if not is_op(sdpa, aten.scaled_dot_product_attention.default):
+                continue
+            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+            call = dict(zip(names, sdpa.args, strict=False)) | dict(sdpa.kwargs)
+            q, k = (call[n].meta.get("val") for n in ("query", "key"))
+            if call.get("attn_mask") is not None or call.get("dropout_p", 0.0) or call.get("is_causal") or \
+                    call.get("enable_gqa") or not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+                continue
+            if q.dim() < 3 or q.shape[:-2] != k.shape[:-2] or q.shape[-1] <= WIDE or \
+                    q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+                continue
+            new = g.call(attention_by_gemm, (call["query"], call["key"], call["value"], call.get("scale")), sdpa,
+                         like=sdpa)
+            sdpa.replace_all_uses_with(new)
+            g.graph.erase_node(sdpa)  # tagged nondeterministic (dropout): dead-code elimination keeps it
+            sites += 1
+        return sites
+
+
+def attention_by_gemm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) v (scale: 1/sqrt(head width) by default) as batched GEMMs, queries in chunks."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    lead, n_q, n_kv = q.shape[:-2], q.shape[-2], k.shape[-2]
+    q3, v3 = q.reshape(-1, n_q, q.shape[-1]), v.reshape(-1, n_kv, v.shape[-1])
+    kt = k.reshape(-1, n_kv, k.shape[-1]).transpose(1, 2)
+    rows = max(1, CHUNK // max(1, q3.shape[0] * n_kv))
+    outs = []
+    for i in range(0, n_q, rows):
+        scores = _scores(q3[:, i:i + rows], kt)
+        outs.append(torch.bmm(torch.softmax(scores * scale, -1).to(v.dtype), v3))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+    return out.reshape(*lead, n_q, v.shape[-1])
+
+
+def _scores(q: torch.Tensor, kt: torch.Tensor) -> torch.Tensor:
+    """q @ kt in float32: on CUDA a half-precision GEMM with a float32 result, elsewhere in float32."""
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        return aten.bmm.dtype(q, kt, torch.float32)
+    return torch.bmm(q.float(), kt.float())
+

@@ -57,8 +57,28 @@ class Row:
     compile_error: str = ""
 
 
+def vendor_share(tasks: list[dict[str, Any]]) -> float:
+    """The share of profiled time in matmul and convolution tasks."""
+    return sum(t["share"] for t in tasks if t["family"] == "matmul" or t["key"].split("-")[0] in _CONVS)
+
+
+def screen(path: Path, args: argparse.Namespace, work: Path) -> Row | None:
+    """With --screen: `forge profile` first; a row saying so when the file is mostly vendor time (not run)."""
+    out = work / f"{path.stem}.profile.json"
+    cmd = [sys.executable, "-m", "forge.cli", "profile", str(path.resolve()), "--device", args.device, "--json",
+           str(out)]
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=args.timeout,
+                          env={"PYTHONPATH": str(ROOT), **_env()})
+    if proc.returncode != 0 or not out.is_file():
+        return None  # optimize will say what is wrong
+    share = vendor_share(json.loads(out.read_text())["tasks"])
+    return Row(path.name, vendor_share=share, error="screened out") if share >= args.max_vendor else None
+
+
 def run_one(path: Path, args: argparse.Namespace, work: Path) -> Row:
     """forge optimize on one file in a subprocess; the JSON report or the last stderr line."""
+    if args.screen and (skipped := screen(path, args, work)) is not None:
+        return skipped
     out = work / f"{path.stem}.json"
     cmd = [sys.executable, "-m", "forge.cli", "optimize", str(path.resolve()), "--device", args.device,
            "--budget", str(args.budget), "--seconds", str(args.seconds), "--json", str(out),
@@ -74,7 +94,7 @@ def run_one(path: Path, args: argparse.Namespace, work: Path) -> Row:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()] or [f"exit {proc.returncode}"]
         return Row(path.name, seconds=seconds, error=lines[-1][:160])
     r = json.loads(out.read_text())
-    vendor = sum(t["share"] for t in r["tasks"] if t["family"] == "matmul" or t["key"].split("-")[0] in _CONVS)
+    vendor = vendor_share(r["tasks"])
     row = Row(path.name, r["eager_ms"], r["forge_ms"], r["speedup"], r["applied"], r["outputs_match"],
               sum(t["status"] == "improved" for t in r["tasks"]), seconds,
               variant=(r.get("variant") or {}).get("name", "eager"), vendor_share=vendor)
@@ -140,7 +160,7 @@ def print_table(rows: list[Row], max_vendor: float) -> None:
               f"{r.improved} | {r.seconds:.0f} | {r.error or r.compile_error} |")
     fusion = [r for r in rows if r.speedup and r.compile_x and r.vendor_share is not None
               and r.vendor_share < max_vendor]
-    failed = [r for r in rows if not (r.speedup and r.compile_x)]
+    failed = [r for r in rows if not (r.speedup and r.compile_x) and r.error != "screened out"]
     if failed:
         print(f"\nleft out of the geomeans ({len(failed)}): " + ", ".join(
             f"{r.file} ({'forge failed' if not r.speedup else 'torch.compile failed'})" for r in failed))
@@ -168,6 +188,8 @@ def main() -> int:
                    help="also time torch.compile against eager on each file")
     p.add_argument("--max-vendor", type=float, default=0.5, help="geomeans over files whose matmul and "
                    "convolution share of time is below this")
+    p.add_argument("--screen", action="store_true", help="profile each file first and skip those whose vendor "
+                   "share is at least --max-vendor (listed as screened out)")
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--baseline", type=Path, help=argparse.SUPPRESS)  # the torch.compile child process
     args = p.parse_args()
@@ -188,7 +210,8 @@ def main() -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps([{**asdict(x), **where} for x in rows], indent=1) + "\n")
     print_table(rows, args.max_vendor)
-    bad = [r for r in rows if r.error or (r.speedup is not None and r.speedup < 1.0) or r.outputs_match is False]
+    ran = [r for r in rows if r.error != "screened out"]
+    bad = [r for r in ran if r.error or (r.speedup is not None and r.speedup < 1.0) or r.outputs_match is False]
     return 1 if bad else 0
 
 

@@ -1,4 +1,4 @@
-"""The sandbox of untrusted work: environments without credentials, resource limits for workers."""
+"""The sandbox of untrusted work: environments by allowlist, resource limits for workers."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ import re
 import resource
 from collections.abc import Callable
 
-# Names that hold credentials: whole-word API keys, tokens, secrets, passwords, and provider settings.
-_SECRET = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|SESSION|COOKIE|PRIVATE_KEY|"
-                     r"ACCESS_KEY|^AWS_|^AZURE_|^GOOGLE_APPLICATION|^OPENAI|^ANTHROPIC|^HF_|"
-                     r"^HUGGING_FACE|^GH_|^GITHUB_|^NPM_|^PYPI)", re.I)
-_KEEP = {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH",
-         "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "CXX", "CC", "PYTHONPATH", "VIRTUAL_ENV",
-         "TRITON_CACHE_DIR", "FORGE_CACHE", "XDG_CACHE_HOME", "NVIDIA_VISIBLE_DEVICES",
-         "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"}
+# What a worker or a compiler may see (issue 13: an allowlist, not a denylist): these names, and names with
+# these prefixes (thread counts and library settings of OpenMP, MKL, OpenBLAS, CUDA and Triton). Anything
+# else (a `*_PASS`, a `DATABASE_URL` with a password, FORGE_DB) stays in forge's own process.
+ALLOWED = frozenset({"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TMP", "TEMP", "USER", "LOGNAME",
+                     "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "CXX", "CC", "PYTHONPATH", "VIRTUAL_ENV",
+                     "PYTHONHASHSEED", "FORGE_CACHE", "XDG_CACHE_HOME", "LIBRARY_PATH", "CPATH",
+                     "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"})
+ALLOWED_PREFIXES = ("LC_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "CUDA_", "NVIDIA_", "TRITON_")
+# Names that hold credentials, refused even when allowed above (a CUDA_..._TOKEN is still a token).
+_SECRET = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|_PASS$|CREDENTIAL|AUTH|SESSION|COOKIE|"
+                     r"PRIVATE_KEY|ACCESS_KEY|^AWS_|^AZURE_|^GOOGLE_APPLICATION|^OPENAI|^ANTHROPIC|^HF_|"
+                     r"^HUGGING_FACE|^GH_|^GITHUB_|^NPM_|^PYPI|URL$|DSN$)", re.I)
 
 
 def is_secret(name: str) -> bool:
@@ -22,9 +26,14 @@ def is_secret(name: str) -> bool:
     return bool(_SECRET.search(name))
 
 
+def allowed(name: str) -> bool:
+    """True for a variable a worker or compiler may see: on the allowlist and not a credential's name."""
+    return (name in ALLOWED or name.startswith(ALLOWED_PREFIXES)) and not is_secret(name)
+
+
 def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The current environment without credentials, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not is_secret(k) and (k in _KEEP or not k.startswith("_"))}
+    """The allowed part of the current environment (see ALLOWED), plus `extra` (forge's own settings)."""
+    env = {k: v for k, v in os.environ.items() if allowed(k)}
     env.update(extra or {})
     return env
 

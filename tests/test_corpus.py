@@ -28,7 +28,7 @@ from forge.capture import capture
 from forge.checks import check
 from forge.evaluate import Evaluator
 from forge.kernel import Candidate, EvalResult, Status, TaskSpec
-from forge.sandbox import is_secret, scrubbed_env
+from forge.sandbox import allowed, scrubbed_env
 from forge.tasks import build_tasks
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -238,15 +238,18 @@ def test_killing_the_worker_loses_only_that_candidate(spec: TaskSpec, tmp_path: 
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/environ")
-def test_worker_has_no_credentials(spec: TaskSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    secrets = {"OPENAI_API_KEY": "sk-test-123", "HF_TOKEN": "hf_test_456"}
+def test_worker_env_is_an_allowlist(spec: TaskSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secrets = {"OPENAI_API_KEY": "sk-test-123", "HF_TOKEN": "hf_test_456", "MY_DB_PASS": "hunter2",
+               "DATABASE_URL": "postgresql://u:pw123@db/x", "FORGE_DB": "postgresql://u:pw456@db/y",
+               "UNRELATED_SETTING": "not-on-the-allowlist"}
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
     env = scrubbed_env({"FORGE_TEST_EXTRA": "1"})
     assert not set(secrets) & set(env)
     assert not set(secrets.values()) & set(env.values())
     assert env["FORGE_TEST_EXTRA"] == "1" and env["PATH"] == os.environ["PATH"]
-    assert all(is_secret(name) for name in secrets)
+    assert all(not allowed(name) for name in secrets)
+    assert allowed("OMP_NUM_THREADS") and allowed("CUDA_VISIBLE_DEVICES") and not allowed("CUDA_AUTH_TOKEN")
 
     with Evaluator("cpu", timeout_s=15, bench=None, cache_dir=tmp_path) as ev:
         r = ev.evaluate(spec, Candidate.from_file(CORPUS / "env_probe" / "probe.cpp"))
@@ -258,4 +261,4 @@ def test_worker_has_no_credentials(spec: TaskSpec, tmp_path: Path, monkeypatch: 
     for name, value in secrets.items():
         assert name.encode() not in raw
         assert value.encode() not in raw
-    assert not sorted(n for n in names if is_secret(n))
+    assert not sorted(n for n in names if not allowed(n) and n not in ("PYTHONPATH", "PYTHONUNBUFFERED"))

@@ -1,31 +1,56 @@
 """Artifacts: the winners of a run bundled under runs/<id>/ with a manifest, loadable with torch alone.
 
 Layout: `runs/<id>/manifest.json` lists each kernel (task key, backend, entry, input and output
-tensor metadata, the task's reference source for the fallback, the library file) and
-`runs/<id>/kernels/<key>.so` (or `.py` for Triton), with the device model the kernels were tuned and
-verified on, and the variant the result is (forge.variants: kernels or not, whole-graph rewrites, runtime),
-which `load` rebuilds. `load()` needs no database, LLM client or search code: only forge.dispatch, which needs
-torch. On another device model (another CPU, whose `-march=native` code may not even run, or another
-GPU) the kernels are not used until `load(..., verify=True)` has verified and timed each one there, in a
-worker process, and kept those that pass and beat eager.
+tensor metadata, the task's reference source, the library file and the kernel's source file, each with its
+SHA-256) and `runs/<id>/kernels/<key>.so` (or `.py` for Triton) with `<key>.src.cpp|cu|py`, with the
+device model the kernels were tuned and verified on, and the variant the result is (forge.variants: kernels
+or not, whole-graph rewrites, runtime), which `load` rebuilds.
+
+Integrity (issue 13): `read` and `load` refuse (ArtifactError, one line) a manifest whose file names leave
+the artifact folder, a file whose SHA-256 is not the recorded one, or an entry without a hash. No text from
+the manifest is executed: a kernel's fallback, and the reference it is verified against with
+`verify=True`, are rendered from the model `load` is given.
+
+`load()` needs no database, LLM client or search code: only forge.dispatch, which needs torch. On another
+device model (another CPU, whose `-march=native` code may not even run, or another GPU) the kernels are not
+used until `load(..., verify=True)` has verified and timed each one there, in a worker process, and kept
+those that pass and beat eager.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import platform
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from forge.capture import TensorMeta
+from forge.capture import TensorMeta, capture
 from forge.dispatch import KernelArtifact, apply
+from forge.errors import UserError
+from forge.tasks import build_tasks
 
 FORMAT = "forge.artifact/1"
 log = logging.getLogger(__name__)
+_SOURCE_SUFFIX = {"cpu": ".src.cpp", "cuda": ".src.cu", "triton": ".src.py"}
+
+
+class ArtifactError(UserError):
+    """An artifact that is malformed or not what was saved: a file outside its folder, a changed file."""
+
+
+def sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def device_model(device: str) -> str:
@@ -50,16 +75,20 @@ def device_model(device: str) -> str:
 
 
 def save(folder: str | Path, kernels: list[KernelArtifact], info: dict[str, Any]) -> Path:
-    """Copy each kernel's library into `folder`/kernels and write the manifest; returns its path."""
+    """Copy each kernel's library (and write its source) into `folder`/kernels, and write the manifest with
+    the SHA-256 of every file; returns the manifest's path."""
     folder = Path(folder)
     (folder / "kernels").mkdir(parents=True, exist_ok=True)
     entries = []
     for k in kernels:
         dst = folder / "kernels" / f"{k.key}{Path(k.path).suffix}"
         shutil.copyfile(k.path, dst)
+        src = folder / "kernels" / f"{k.key}{_SOURCE_SUFFIX.get(k.backend, '.src.txt')}"
+        src.write_text(k.kernel_source)
         entries.append({"key": k.key, "backend": k.backend, "entry": k.entry, "file": f"kernels/{dst.name}",
-                        "inputs": [m.to_json() for m in k.inputs], "outputs": [m.to_json() for m in k.outputs],
-                        "source": k.source})
+                        "sha256": sha256(dst), "kernel_source": f"kernels/{src.name}", "kernel_source_sha256":
+                        sha256(src), "inputs": [m.to_json() for m in k.inputs],
+                        "outputs": [m.to_json() for m in k.outputs], "source": k.source})
     manifest = folder / "manifest.json"
     manifest.write_text(json.dumps({"format": FORMAT, **info, "kernels": entries}, indent=1) + "\n")
     return manifest
@@ -69,20 +98,45 @@ def manifest_of(path: str | Path) -> tuple[Path, dict[str, Any]]:
     """The manifest file of an artifact folder (or the file itself) and its contents."""
     path = Path(path)
     manifest = path if path.is_file() else path / "manifest.json"
-    return manifest, json.loads(manifest.read_text())
+    try:
+        return manifest, json.loads(manifest.read_text())
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"Invalid artifact {path}: cannot read {manifest.name}: {e}") from e
 
 
 def read(path: str | Path) -> list[KernelArtifact]:
-    """The kernels of an artifact folder (or its manifest.json)."""
+    """The kernels of an artifact folder (or its manifest.json), each file checked (see the module doc)."""
     return _kernels(*manifest_of(path))
+
+
+def _checked(manifest: Path, entry: dict[str, Any], name: str, digest: str) -> Path:
+    """The file `entry[name]` inside the artifact folder, with the SHA-256 `entry[digest]`; else ArtifactError."""
+    root = manifest.parent.resolve()
+    rel, want = entry.get(name), entry.get(digest)
+    if not isinstance(rel, str) or not isinstance(want, str):
+        raise ArtifactError(f"Invalid artifact {manifest}: kernel {entry.get('key')!r} has no {name} with a "
+                            f"{digest} (saved before artifacts had hashes? run forge optimize again)")
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        raise ArtifactError(f"Invalid artifact {manifest}: {name} {rel!r} of kernel {entry.get('key')!r} is not "
+                            "a file inside the artifact folder")
+    if sha256(path) != want:
+        raise ArtifactError(f"Invalid artifact {manifest}: {rel} of kernel {entry.get('key')!r} was changed "
+                            "since it was saved (SHA-256 differs): refusing to load it")
+    return path
 
 
 def _kernels(manifest: Path, data: dict[str, Any]) -> list[KernelArtifact]:
     if data.get("format") != FORMAT:
-        raise ValueError(f"Invalid artifact {manifest}: format {data.get('format')!r}, expected {FORMAT!r}")
-    return [KernelArtifact(e["key"], e["backend"], str(manifest.parent / e["file"]), e["entry"],
-                           tuple(TensorMeta.parse(m) for m in e["inputs"]),
-                           tuple(TensorMeta.parse(m) for m in e["outputs"]), e["source"]) for e in data["kernels"]]
+        raise ArtifactError(f"Invalid artifact {manifest}: format {data.get('format')!r}, expected {FORMAT!r}")
+    out = []
+    for e in data.get("kernels", []):
+        lib = _checked(manifest, e, "file", "sha256")
+        src = _checked(manifest, e, "kernel_source", "kernel_source_sha256")
+        out.append(KernelArtifact(e["key"], e["backend"], str(lib), e["entry"],
+                                  tuple(TensorMeta.parse(m) for m in e["inputs"]),
+                                  tuple(TensorMeta.parse(m) for m in e["outputs"]), e["source"], src.read_text()))
+    return out
 
 
 def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, verify: bool = False
@@ -103,7 +157,7 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
         if tuned == here:
             keep += ks
         elif verify:
-            keep += verified_here(ks, device)
+            keep += verified_here(_local_references(ks, model, inputs), device)
         else:
             msg = (f"the kernels of {path} were tuned on {tuned or 'an unrecorded device'}, this is {here}: "
                    "not used (load with verify=True to verify and time them here first)")
@@ -121,6 +175,13 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
     device = "cuda" if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs) else "cpu"
     fn, _, _ = build(model, inputs, keep, variant, device, strict=strict)
     return fn
+
+
+def _local_references(kernels: list[KernelArtifact], model: Any, inputs: list[Any]) -> list[KernelArtifact]:
+    """The kernels whose task is in `model` on `inputs`, each with that task's reference source rendered from
+    the model (not the manifest's text)."""
+    tasks = {t.key: t for t in build_tasks(capture(model, inputs).graph_module.graph)}
+    return [replace(k, source=tasks[k.key].source) for k in kernels if k.key in tasks]
 
 
 def verified_here(kernels: list[KernelArtifact], device: str) -> list[KernelArtifact]:

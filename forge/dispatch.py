@@ -14,7 +14,7 @@ import logging
 import weakref
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -38,7 +38,8 @@ class KernelArtifact:
     entry: str
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta, ...]
-    source: str  # the task's reference source (the fallback)
+    source: str  # the task's reference source (informative: the fallback is rendered from the model applied to)
+    kernel_source: str = ""  # the kernel's own source, bundled with an artifact for review
 
 
 @dataclass
@@ -306,7 +307,8 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     graph = gm.graph
     by_key = {k.key: k for k in kernels}
     tasks: list[Task] = [t for t in build_tasks(graph) if t.key in by_key]
-    guarded = {t.key: GuardedKernel(by_key[t.key], strict) for t in tasks}
+    # the fallback is the region of the model being patched, never source text that came with the kernel
+    guarded = {t.key: GuardedKernel(replace(by_key[t.key], source=t.source), strict) for t in tasks}
     names = {}
     for i, t in enumerate(tasks):
         names[t.key] = f"forge_kernel_{i}"

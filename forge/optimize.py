@@ -157,7 +157,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
             pol.close()
     by_key = {t.key: t for t in prof.tasks}
     kernels = [KernelArtifact(o.key, o.best.backend, o.library, o.best.entry, by_key[o.key].inputs,
-                              by_key[o.key].outputs, by_key[o.key].source)
+                              by_key[o.key].outputs, by_key[o.key].source, o.best.source)
                for o in outcomes if o.best is not None and o.library]
     folder = Path(runs_dir) / run.id
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,

@@ -170,3 +170,47 @@ def test_views_still_apply_where_kernels_changed_a_layout():
     match, err = outputs_match(loaded.model, opt, fresh)
     assert match, err
     assert all(c.hits >= 1 and not c.fallbacks for c in opt.counters().values())
+
+
+def test_a_tampered_artifact_is_refused_and_manifest_text_never_runs(swiglu, tmp_path):
+    import json
+
+    from forge import artifact
+
+    loaded, arts = swiglu
+    saved = artifact.save(tmp_path / "a", arts, {"device_model": artifact.device_model("cpu")})
+    data = json.loads(saved.read_text())
+    assert all(len(e["sha256"]) == 64 and (saved.parent / e["kernel_source"]).is_file() for e in data["kernels"])
+
+    def refused(edit, match: str) -> None:
+        d = json.loads(json.dumps(data))
+        edit(d)
+        saved.write_text(json.dumps(d))
+        with pytest.raises(artifact.ArtifactError, match=match):
+            artifact.load(saved, loaded.model, loaded.inputs)
+
+    refused(lambda d: d["kernels"][0].update(file="../../../../etc/passwd"), "not a file inside the artifact")
+    refused(lambda d: d["kernels"][0].pop("sha256"), "has no file with a sha256")
+    refused(lambda d: d["kernels"][0].update(kernel_source_sha256="0" * 64), "was changed")
+    saved.write_text(json.dumps(data))
+    lib = saved.parent / data["kernels"][0]["file"]
+    good = lib.read_bytes()
+    lib.write_bytes(good + b"\0")  # a swapped library
+    with pytest.raises(artifact.ArtifactError, match="was changed since it was saved"):
+        artifact.load(saved, loaded.model, loaded.inputs)
+    lib.write_bytes(good)
+
+    # The manifest's reference text is not what runs as the fallback: a planted one is never executed.
+    mark = tmp_path / "ran"
+    for e in data["kernels"]:
+        e["source"] = f"open({str(mark)!r}, 'w').write('x')\n" + e["source"]
+    saved.write_text(json.dumps(data))
+    x = torch.randn(4, 256, 512)
+    opt = artifact.load(saved, loaded.model, loaded.inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), loaded.model(x))
+        opt(x.double().float()[:, :, :256].contiguous().repeat(1, 1, 2).transpose(0, 1).contiguous()
+            .transpose(0, 1))  # other strides: every kernel falls back to its reference
+    assert sum(sum(c.fallbacks.values()) for c in opt.counters().values()) >= 1
+    artifact.load(saved, loaded.model, loaded.inputs, verify=True)
+    assert not mark.exists()

@@ -2,8 +2,10 @@
 
 Builds are compiler processes run in parallel from a thread pool (one per CPU core), each with a time
 limit and a scrubbed environment. The cache key covers the source, entry, flags, compiler version,
-target architecture and the ABI header, so a hit is always the same binary. Triton candidates are
-compiled by Triton inside the worker on first launch; their "build" only stores the module file.
+target architecture and the ABI header, so a hit is always the same binary; each build records the
+SHA-256 of its file (`kernel.sha256`), checked on every hit: a cached file that changed since it was built
+(another process wrote over it) or has no record is built again. Triton candidates are compiled by Triton
+inside the worker on first launch; their "build" only stores the module file.
 """
 
 from __future__ import annotations
@@ -101,8 +103,10 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
     suffix = {"cpu": ".cpp", "cuda": ".cu", "triton": ".py"}[candidate.backend]
     target = folder / ("kernel.py" if candidate.backend == "triton" else "kernel.so")
     if target.exists():
-        return BuildResult(True, str(target), _read(folder / "build.log"), time.perf_counter() - start,
-                           True, key)
+        if _read(folder / "kernel.sha256").strip() == _sha256(target):
+            return BuildResult(True, str(target), _read(folder / "build.log"), time.perf_counter() - start,
+                               True, key)
+        log.warning("cached build %s changed since it was built (or has no hash): building it again", key)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"tmp-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
@@ -111,6 +115,7 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
         src.write_text(candidate.source)
         if candidate.backend == "triton":
             (tmp / "build.log").write_text("")
+            _record(src, folder)
             os.replace(src, target)
             return BuildResult(True, str(target), "", time.perf_counter() - start, False, key)
         out = tmp / "kernel.so"
@@ -125,10 +130,22 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
         if ok:
             (tmp / "build.log").write_text(text)
             os.replace(tmp / "build.log", folder / "build.log")
+            _record(out, folder)
             os.replace(out, target)  # atomic: a concurrent build of the same key is harmless
         return BuildResult(ok, str(target) if ok else "", text, time.perf_counter() - start, False, key)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _record(built: Path, folder: Path) -> None:
+    """Write the SHA-256 of a finished build next to where it goes (atomically, before the file itself)."""
+    tmp = built.with_suffix(".sha256")
+    tmp.write_text(_sha256(built) + "\n")
+    os.replace(tmp, folder / "kernel.sha256")
 
 
 def _read(path: Path) -> str:

@@ -22,7 +22,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from forge.capture import Capture, TensorMeta, capture, contiguous_stride
-from forge.launch import FixedCall, Launcher, LaunchError
+from forge.launch import Launcher, LaunchError, call_on
 from forge.tasks import Task, build_tasks, compile_source, render
 
 log = logging.getLogger(__name__)
@@ -198,10 +198,7 @@ class GuardedKernel(torch.nn.Module):
 
 def _launch_of(art: KernelArtifact) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]:
     """The kernel as a call on (inputs, outputs): fixed ForgeTensor arrays for C/CUDA, the module for Triton."""
-    launcher = Launcher(art.backend, art.path, art.entry)
-    if art.backend == "triton":
-        return lambda ins, outs: launcher.bind(list(ins), list(outs))()
-    return FixedCall(launcher, art.inputs, art.outputs)
+    return call_on(Launcher(art.backend, art.path, art.entry), art.inputs, art.outputs)
 
 
 def _stable_toposort(graph: torch.fx.Graph) -> torch.fx.Graph:

@@ -188,3 +188,12 @@ class Launcher:
                 raise LaunchError(f"forge_launch returned {ret}")
 
         return call_cpu
+
+
+def call_on(launcher: Launcher, inputs: Sequence[TensorMeta], outputs: Sequence[TensorMeta]
+            ) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]:
+    """The kernel as a call on (inputs, outputs) of these shapes and strides: a FixedCall for C/CUDA, the module
+    bound per call for Triton. What the dispatcher runs, and what a candidate is timed as."""
+    if launcher.backend == "triton":
+        return lambda ins, outs: launcher.bind(list(ins), list(outs))()
+    return FixedCall(launcher, inputs, outputs)

@@ -118,6 +118,7 @@ class TaskSearch:
         self.db_id: dict[int, int] = {}  # tree node id -> candidate id in the store
         self.best: tuple[float, Candidate] | None = None  # (median us, candidate)
         self.eager_us: float | None = None
+        self.baselines: list[float] = []
         self.floor_us: float | None = None
         self.tried = 0
         self.since_best = 0
@@ -170,8 +171,9 @@ class TaskSearch:
             floor = (ev.time_us_spread or {}).get("floor_us")
             self.last_at = ev.created_at if self.last_at is None else max(self.last_at, ev.created_at)
         self.floor_us = floor or self.floor_us
-        if baseline:
-            self.eager_us = baseline if self.eager_us is None else min(self.eager_us, baseline)
+        if baseline:  # the median of every paired eager measurement: one outlier cannot move it far
+            self.baselines.append(baseline)
+            self.eager_us = statistics.median(self.baselines)
         if passed and median and (self.best is None or median < self.best[0]):
             self.best, self.since_best = (median, cand()), 0
         else:

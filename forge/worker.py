@@ -19,7 +19,7 @@ import torch
 
 from forge.bench import DEFAULT_BENCH, BenchConfig, Clock, interleaved, measure_bandwidth
 from forge.kernel import EvalResult, Status, TaskSpec
-from forge.launch import ForbiddenTorch, Launcher, LaunchError
+from forge.launch import ForbiddenTorch, Launcher, LaunchError, call_on
 from forge.verify import Reference, generator, make_input, verify
 
 
@@ -76,13 +76,22 @@ def handle(req: EvalRequest, st: _State) -> tuple[EvalResult, bool]:
         gen = generator(st.device, req.seed * 1000 + 7)
         inputs = [make_input(m, 0, gen, st.device) for m in req.task.inputs]
         outputs = [torch.empty(m.shape, dtype=m.torch_dtype, device=st.device) for m in req.task.outputs]
-        cand, eager = launcher.bind(inputs, outputs), ref.eager
+        eager, call, shapes = ref.eager, call_on(launcher, req.task.inputs, req.task.outputs), \
+            [(m.shape, m.torch_dtype) for m in req.task.outputs]
+
+        def cand() -> None:  # as eager and as dispatched: fresh outputs every call (a fair clock)
+            call(inputs, [torch.empty(s, dtype=d, device=st.device) for s, d in shapes])
+
         with torch.no_grad():
             timing, baseline = interleaved(st.clock, [cand, lambda: eager(*inputs)], req.bench)
-        # Once more on the same buffers, poisoned: a kernel that skips work on repeated calls fails here.
+        # Twice on the same buffers, poisoned in between: a kernel that skips work on a repeated call (the
+        # allocator often hands a dispatched kernel the same output addresses) fails here.
+        again = launcher.bind(inputs, outputs)
+        again()
+        st.sync()
         for o in outputs:
             o.fill_(float("nan") if o.is_floating_point() else 0x5A)
-        cand()
+        again()
         st.sync()
         eager_out = eager(*inputs)
         for i, (o, e) in enumerate(zip(outputs, eager_out, strict=True)):

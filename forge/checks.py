@@ -40,7 +40,7 @@ _C_RULES: list[tuple[Status, str, str]] = [
 ]
 _CPU_ONLY_RULES = [(Status.FORBIDDEN_CODE, "uses inline assembly", r"\b(asm|__asm__|__asm)\b")]
 
-_PY_ALLOWED_IMPORTS = {"triton", "triton.language", "math", "torch", "typing", "functools"}
+_PY_ALLOWED_IMPORTS = {"triton", "triton.language", "math"}
 _PY_FORBIDDEN_NAMES = {"eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr",
                        "globals", "locals", "vars", "breakpoint", "input", "memoryview", "__builtins__"}
 _PY_TENSOR_METHODS = {"stride", "numel", "size", "dim", "data_ptr", "is_contiguous", "element_size",
@@ -97,7 +97,7 @@ def _jit_functions(tree: ast.Module) -> set[ast.AST]:
 
 _IMPORT_STATUS = {"threading": Status.FORBIDDEN_CONCURRENCY, "multiprocessing": Status.FORBIDDEN_CONCURRENCY,
                   "concurrent": Status.FORBIDDEN_CONCURRENCY, "asyncio": Status.FORBIDDEN_CONCURRENCY,
-                  "time": Status.FORBIDDEN_TIMER, "timeit": Status.FORBIDDEN_TIMER}
+                  "time": Status.FORBIDDEN_TIMER, "timeit": Status.FORBIDDEN_TIMER, "torch": Status.FORBIDDEN_TORCH}
 
 
 def check_python(source: str, entry: str = "launch") -> list[Finding]:
@@ -107,6 +107,7 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
     except SyntaxError as e:
         return [(Status.BAD_FORMAT, f"does not parse: {e.msg} (line {e.lineno})")]
     found: list[Finding] = []
+    late: list[Finding] = []  # `import torch`: reported after what the module does with it
     jit = _jit_functions(tree)
     inside_jit: set[ast.AST] = set()
     for f in jit:
@@ -119,8 +120,8 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
             for n in names:
                 if n not in _PY_ALLOWED_IMPORTS:
                     status = _IMPORT_STATUS.get(n.split(".")[0], Status.FORBIDDEN_IO)
-                    found.append((status, f"imports `{n}`: only triton, triton.language, math and torch"
-                                  f"{where}"))
+                    (late if n.split(".")[0] == "torch" else found).append(
+                        (status, f"imports `{n}`: only triton, triton.language and math{where}"))
         elif isinstance(node, ast.Name) and node.id == "open":
             found.append((Status.FORBIDDEN_IO, f"opens a file{where}"))
         elif isinstance(node, ast.Name) and node.id in _PY_FORBIDDEN_NAMES:
@@ -143,12 +144,57 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
             else:
                 found.append((Status.FORBIDDEN_CODE, f"calls `{name or ast.unparse(node.func)}(...)` outside "
                               f"a @triton.jit kernel{where}"))
-    found += _tensor_math_outside_jit(tree, inside_jit)
+    found += _module_shape(tree) + _tensor_math_outside_jit(tree, inside_jit) + late
     if entry not in defined:
         found.append((Status.BAD_FORMAT, f"defines no `{entry}(inputs, outputs)` function"))
     if not jit:
         found.append((Status.BAD_FORMAT, "defines no @triton.jit kernel"))
     return found
+
+
+def _module_shape(tree: ast.Module) -> list[Finding]:
+    """What a Triton module may hold: imports, a docstring, names bound to literal constants, and function
+    definitions decorated by triton only (nothing else runs at import); and nowhere an assignment to an
+    attribute (`torch.equal = ...`, `math.exp = ...`), a deletion of one, or a `global`."""
+    found: list[Finding] = []
+    for node in tree.body:
+        where = f" (line {node.lineno})"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            continue  # a docstring
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets) and \
+                _literal(node.value):
+            continue
+        if isinstance(node, ast.FunctionDef):
+            bad = [d for d in node.decorator_list if not _dotted(d.func if isinstance(d, ast.Call) else d)
+                   .startswith("triton.")]
+            if bad:
+                found.append((Status.FORBIDDEN_CODE, f"decorates `{node.name}` with `{ast.unparse(bad[0])}`: "
+                              f"only triton's decorators{where}"))
+            continue
+        found.append((Status.FORBIDDEN_CODE, f"runs code at import: a top-level {type(node).__name__} "
+                      f"statement (only imports, constants and function definitions){where}"))
+    for node in ast.walk(tree):
+        where = f" (line {getattr(node, 'lineno', '?')})"
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            for sub in ast.walk(t):
+                if isinstance(sub, ast.Attribute):
+                    found.append((Status.FORBIDDEN_CODE, f"assigns to the attribute `{ast.unparse(sub)}`{where}"))
+        if isinstance(node, (ast.Global, ast.Nonlocal)):
+            found.append((Status.FORBIDDEN_CODE, f"declares `{type(node).__name__.lower()}` names{where}"))
+    return found
+
+
+def _literal(node: ast.AST) -> bool:
+    """A literal constant: a number, string, bool or None, or a tuple of them (negatives included)."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return _literal(node.operand)
+    return isinstance(node, ast.Tuple) and all(_literal(e) for e in node.elts)
 
 
 def _tensor_math_outside_jit(tree: ast.Module, inside_jit: set[ast.AST]) -> list[Finding]:

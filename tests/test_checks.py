@@ -92,7 +92,6 @@ extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, i
 GOOD_TRITON = """\
 import math
 
-import torch
 import triton
 import triton.language as tl
 
@@ -117,7 +116,7 @@ def grid(n):
 
 def launch(inputs, outputs):
     x, y = inputs[0], outputs[0]
-    assert x.is_contiguous() and x.dtype == torch.float32
+    assert x.is_contiguous() and x.element_size() == 4
     n = x.numel()
     assert math.prod(x.shape) == n and x.stride(-1) == 1
     silu_kernel[grid(n)](x, y, n)
@@ -263,7 +262,6 @@ def test_custom_entry() -> None:
 # --- Triton (Python) rules ------------------------------------------------------------------------------
 
 PY_TEMPLATE = """\
-import torch
 import triton
 import triton.language as tl
 {head}
@@ -295,6 +293,14 @@ PY_RULES = [
     ("import-multiprocessing", "", "import multiprocessing", Status.FORBIDDEN_CONCURRENCY),
     ("from-concurrent", "", "from concurrent.futures import ThreadPoolExecutor", Status.FORBIDDEN_CONCURRENCY),
     ("import-time", "", "import time", Status.FORBIDDEN_TIMER),
+    ("import-torch", "", "import torch", Status.FORBIDDEN_TORCH),
+    ("import-functools", "", "import functools", Status.FORBIDDEN_IO),
+    ("top-level-call", "", "K = triton.cdiv(7, 2)", Status.FORBIDDEN_CODE),
+    ("top-level-if", "", "if True:\n    K = 1", Status.FORBIDDEN_CODE),
+    ("module-attribute", "", "import math\nmath.pi = 3", Status.FORBIDDEN_CODE),
+    ("attribute-in-launch", "math.e = 0", "import math", Status.FORBIDDEN_CODE),
+    ("setattr-free-attribute-del", "del x.foo", "", Status.FORBIDDEN_CODE),
+    ("global", "global K", "K = 1", Status.FORBIDDEN_CODE),
     ("eval", "k = eval('1 + 1')", "", Status.FORBIDDEN_CODE),
     ("exec", "exec('k = 1')", "", Status.FORBIDDEN_CODE),
     ("compile", "c = compile('1', 'f', 'eval')", "", Status.FORBIDDEN_CODE),
@@ -329,7 +335,7 @@ def test_python_bad_format() -> None:
     no_launch = py().replace("def launch(", "def run(")
     assert statuses(check_python(no_launch)) == [Status.BAD_FORMAT]
     assert "launch" in check_python(no_launch)[0][1]
-    no_jit = "import torch\n\n\ndef launch(inputs, outputs):\n    pass\n"
+    no_jit = "import math\n\n\ndef launch(inputs, outputs):\n    pass\n"
     assert statuses(check_python(no_jit)) == [Status.BAD_FORMAT]
     assert "triton.jit" in check_python(no_jit)[0][1]
 

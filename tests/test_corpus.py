@@ -47,7 +47,9 @@ C_KINDS = {
     "skip_repeat": "stale_result", "malloc_via_pointer": "forbidden_alloc",
 }
 TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",
-                "reads_env": "forbidden_io", "uses_eval": "forbidden_code"}
+                "reads_env": "forbidden_io", "uses_eval": "forbidden_code", "patches_module": "forbidden_code",
+                "import_time_code": "forbidden_code", "patch_in_launch": "forbidden_code",
+                "foreign_decorator": "forbidden_code"}
 # Statuses the static checks give before anything is built.
 STATIC = {s.value for s in Status if s.value.startswith("forbidden_")} | {Status.BAD_FORMAT.value}
 # Needs the ATen headers to compile, which only a torch source tree has: the static check is its test.

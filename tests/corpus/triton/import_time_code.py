@@ -1,0 +1,20 @@
+# expect: forbidden_code
+# Runs a comprehension at import, before any check of the launcher could see what it does.
+import triton
+import triton.language as tl
+
+_SEEN = [triton.cdiv(k, 2) for k in range(3)]
+
+
+@triton.jit
+def silu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, x * tl.sigmoid(x), mask=mask)
+
+
+def launch(inputs, outputs):
+    x, y = inputs[0], outputs[0]
+    n = x.numel()
+    silu_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -57,12 +58,15 @@ class Evaluator:
         res = self.worker.request(req, self.timeout_s)
         return _with_build(res, built)
 
-    def evaluate(self, task: TaskSpec, cand: Candidate, seed: int = 0) -> EvalResult:
+    def evaluate(self, task: TaskSpec, cand: Candidate, seed: int | None = None) -> EvalResult:
         """One candidate through checks, build, verification and timing."""
         return next(self.evaluate_many(task, [cand], seed))
 
-    def evaluate_many(self, task: TaskSpec, cands: list[Candidate], seed: int = 0) -> Iterator[EvalResult]:
-        """Results in the order of `cands`; builds run in parallel ahead of the worker."""
+    def evaluate_many(self, task: TaskSpec, cands: list[Candidate], seed: int | None = None
+                      ) -> Iterator[EvalResult]:
+        """Results in the order of `cands`; builds run in parallel ahead of the worker. `seed`: of the
+        verification inputs (the i-th candidate gets seed + i); by default a secret random one per
+        evaluation, so that a candidate cannot recognise the inputs it is judged on."""
         futures = []
         for c in cands:
             problems = [(c.status, c.reason)] if isinstance(c, NoKernel) else check(c)
@@ -72,7 +76,7 @@ class Evaluator:
                 status, _ = f[0]
                 yield EvalResult(status, "; ".join(m for _, m in f), device=self.device)
                 continue
-            yield self._judge(task, c, f.result(), seed + i)
+            yield self._judge(task, c, f.result(), secrets.randbits(40) if seed is None else seed + i)
 
     def close(self) -> None:
         """Stop the worker and the build threads."""

@@ -211,7 +211,7 @@ class TaskSearch:
             if not nodes:
                 self.stop = "exhausted (no more ideas)"
                 break
-            for node, cand, res in zip(nodes, cands, ev.evaluate_many(self.spec, cands, seed=self.tried),
+            for node, cand, res in zip(nodes, cands, ev.evaluate_many(self.spec, cands),
                                        strict=True):
                 self.tree.report(node, reward_of(res.speedup if res.status.passed else None))  # backpropagate
                 self._record(node, cand, res)

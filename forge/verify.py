@@ -16,6 +16,7 @@ Method (docs/verification.md):
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,28 +49,55 @@ class Verdict:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+_NAN = {torch.float32: (torch.int32, 0x7FC00000, 22), torch.float16: (torch.int16, 0x7E00, 9),
+        torch.bfloat16: (torch.int16, 0x7FC0, 6), torch.float64: (torch.int64, 0x7FF8000000000000, 51)}
+_SYSTEM = random.SystemRandom()  # the guard words: not derived from any seed the worker was sent
+
+
 class Guarded:
-    """An output tensor inside a poisoned buffer with guard zones on both sides."""
+    """An output tensor inside a buffer with guard zones on both sides.
+
+    The output is filled with one poison word (for floats a NaN with a random payload, for 32- and 64-bit
+    integers a random value, new for every buffer); the guard zones with random bits, kept to compare: a
+    candidate cannot tell a verification buffer by a fixed word before, in or after its output."""
 
     def __init__(self, meta: TensorMeta, device: str) -> None:
         dtype = meta.torch_dtype
         self.meta = meta
         self.guard = max(256, 4096 // dtype.itemsize)
         bits_dtype, self.bits = _POISON[dtype]
+        if dtype in _NAN:
+            _, base, payload = _NAN[dtype]
+            self.bits = _signed(base | _SYSTEM.getrandbits(payload), bits_dtype)
+        elif dtype in (torch.int32, torch.int64):
+            self.bits = _signed(_SYSTEM.getrandbits(32 if dtype == torch.int32 else 64), bits_dtype)
         self.buf = torch.empty(meta.numel + 2 * self.guard, dtype=dtype, device=device)
         self.raw = self.buf.view(torch.uint8) if dtype == torch.bool else self.buf.view(bits_dtype)
         self.raw.fill_(self.bits)
-        self.tensor = self.buf[self.guard:self.guard + meta.numel].view(meta.shape)
+        g, n = self.guard, meta.numel
+        gen = torch.Generator(device=self.raw.device).manual_seed(_SYSTEM.getrandbits(63))
+        for zone in (self.raw[:g], self.raw[g + n:]):
+            info = torch.iinfo(zone.dtype)
+            zone.copy_(torch.randint(info.min, info.max, zone.shape, generator=gen, device=zone.device,
+                                     dtype=zone.dtype))
+        self._zones = (self.raw[:g].clone(), self.raw[g + n:].clone())
+        self.tensor = self.buf[g:g + n].view(meta.shape)
 
     def guards_intact(self) -> bool:
         """True if nothing was written outside the output."""
         g, n = self.guard, self.meta.numel
-        return bool((self.raw[:g] == self.bits).all() and (self.raw[g + n:] == self.bits).all())
+        return bool(torch.equal(self.raw[:g], self._zones[0]) and torch.equal(self.raw[g + n:], self._zones[1]))
 
     def poisoned(self) -> torch.Tensor:
         """Mask of output elements that still hold the poison."""
         g, n = self.guard, self.meta.numel
         return (self.raw[g:g + n] == self.bits).view(self.meta.shape)
+
+
+def _signed(value: int, dtype: torch.dtype) -> int:
+    """An unsigned bit pattern as the signed integer of `dtype`'s width (what fill_ takes)."""
+    width = torch.iinfo(dtype).bits
+    return value - (1 << width) if value >= 1 << (width - 1) else value
 
 
 def make_input(meta: TensorMeta, k: int, gen: torch.Generator, device: str) -> torch.Tensor:

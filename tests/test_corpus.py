@@ -44,7 +44,7 @@ C_KINDS = {
     "input_mutation": "input_mutated", "cached_result": "stale_result", "constant_output": "constant_output",
     "low_precision": "low_precision", "torch_call": "forbidden_torch", "other_thread": "forbidden_concurrency",
     "read_env_or_file": "forbidden_io", "huge_allocation": "forbidden_alloc", "timer": "forbidden_timer",
-    "skip_repeat": "stale_result", "malloc_via_pointer": "forbidden_alloc",
+    "skip_repeat": "stale_result", "malloc_via_pointer": "forbidden_alloc", "recognises_judge": "wrong_result",
 }
 TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",
                 "reads_env": "forbidden_io", "uses_eval": "forbidden_code", "patches_module": "forbidden_code",

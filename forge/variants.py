@@ -5,7 +5,8 @@ A variant is which found kernels it uses (all, or none), which whole-graph rewri
 - `graph`: the patched ATen graph run op by op from Python;
 - `cuda-graph`: the same forward captured once as a CUDA graph and replayed (forge.dispatch.GraphReplay);
 - `inductor`: the patched, rewritten graph compiled by torch.compile (forge's kernels are the opaque op
-  `forge::kernel` in it);
+  `forge::kernel` in it); with no kernels and no rewrites, the user's model itself ("model, inductor":
+  exactly what torch.compile(model) gives, so forge's result is never a worse compile than that);
 - `inductor-cuda-graph`: the same with `mode="reduce-overhead"` (Inductor's CUDA graphs).
 
 `choose` decides greedily, every variant measured on the whole forward against eager (interleaved in this
@@ -56,10 +57,15 @@ class Variant:
         object.__setattr__(self, "rewrites", parse(self.rewrites))
 
     @property
+    def own_model(self) -> bool:
+        """Inductor with nothing of forge's: the user's model itself is compiled (what torch.compile does)."""
+        return not self.kernels and not self.rewrites and self.runtime.startswith("inductor")
+
+    @property
     def name(self) -> str:
-        """Human-readable, e.g. 'kernels + fold-bn + channels-last, cuda-graph'."""
+        """Human-readable, e.g. 'kernels + fold-bn + channels-last, cuda-graph' or 'model, inductor'."""
         parts = (["kernels"] if self.kernels else []) + list(self.rewrites)
-        return f"{' + '.join(parts) or 'eager graph'}, {self.runtime}"
+        return f"{' + '.join(parts) or ('model' if self.own_model else 'eager graph')}, {self.runtime}"
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form."""
@@ -122,25 +128,41 @@ def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
         _views_to_reshapes(opt.gm.graph)
         sites = rewrite(opt.gm, opt._template, opt._user_slots, variant.rewrites, device)
     if variant.runtime.startswith("inductor"):
-        return Compiled(opt, variant.runtime == "inductor-cuda-graph"), opt, sites
+        # nothing of forge's in it: the model itself, as torch.compile(model) would (the captured graph, with
+        # parameters as inputs, compiled measurably slower than that on some CPU problems)
+        target = _Call(model) if variant.own_model else opt
+        return Compiled(target, opt, variant.runtime == "inductor-cuda-graph"), opt, sites
     return opt, opt, sites
 
 
-class Compiled(torch.nn.Module):
-    """A patched module compiled by torch.compile, called as eager is: with Inductor's CUDA graphs the outputs
-    of a call are overwritten by the next replay, so they are cloned out (as forge's own CUDA graph does).
-    `counters()` are the kernels' (they run as the op `forge::kernel` inside the compiled graph)."""
+class _Call(torch.nn.Module):
+    """The user's model behind a forward of forge's (which Compiled gives its own code object)."""
 
-    def __init__(self, opt: OptimizedModule, cuda_graphs: bool) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: Any) -> Any:
+        return self.model(*inputs)
+
+
+class Compiled(torch.nn.Module):
+    """A module (the patched one, or the model) compiled by torch.compile, called as eager is: with Inductor's
+    CUDA graphs the outputs of a call are overwritten by the next replay, so they are cloned out (as forge's
+    own CUDA graph does). `counters()` are the kernels' of `opt` (they run as the op `forge::kernel` inside
+    the compiled graph)."""
+
+    def __init__(self, target: torch.nn.Module, opt: OptimizedModule, cuda_graphs: bool) -> None:
         super().__init__()
         self.opt, self.cuda_graphs = opt, cuda_graphs
         # A forward of its own: torch.compile caches compilations on the code object, and every
         # OptimizedModule shares one, so a process that compiled eight of them would hit Dynamo's recompile
         # limit and run the ninth uncompiled.
-        f = OptimizedModule.forward
-        opt.forward = types.MethodType(types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__,
-                                                          f.__defaults__, f.__closure__), opt)
-        self.compiled = torch.compile(opt, mode="reduce-overhead" if cuda_graphs else None, dynamic=False)
+        f = type(target).forward
+        target.forward = types.MethodType(types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__,
+                                                             f.__defaults__, f.__closure__), target)
+        self.target = target
+        self.compiled = torch.compile(target, mode="reduce-overhead" if cuda_graphs else None, dynamic=False)
 
     def forward(self, *inputs: Any) -> Any:
         out = self.compiled(*inputs)

@@ -189,6 +189,21 @@ def test_variant_round_trips_and_rejects_an_unknown_runtime():
         Variant.parse({"kernels": True})
 
 
+def test_inductor_with_nothing_of_forges_compiles_the_model_itself():
+    from forge.variants import build
+
+    torch.manual_seed(6)
+    model = Projections().eval()
+    x = torch.randn(3, 4, 19)
+    v = Variant(False, (), "inductor")
+    assert v.own_model and v.name == "model, inductor" and not Variant(False, ("fold-bn",), "inductor").own_model
+    fn, _, _ = build(model, [x], [], v, "cpu")
+    assert fn.target.model is model  # the user's module, not the captured graph
+    with torch.no_grad():
+        for got, want in zip(fn(x), model(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_choose_measures_each_rewrite_end_to_end_and_keeps_a_matching_variant():
     torch.manual_seed(5)
     model = ConvNet().eval()

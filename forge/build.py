@@ -70,14 +70,22 @@ def arch_flags(arch: str) -> list[str]:
     return [f"-arch={arch}"]
 
 
-def command(candidate: Candidate, src: Path, out: Path, arch: str | None) -> list[str]:
-    """The compiler command line for a candidate."""
+_STEPS = "compile, then link without the candidate's flags"  # in the key: a change of steps is a new build
+
+
+def commands(candidate: Candidate, src: Path, out: Path, arch: str | None) -> list[list[str]]:
+    """The compiler command lines for a candidate, run in order. On the CPU the library is compiled to an
+    object with the candidate's flags and linked without them: linking with -ffast-math would add GCC's
+    crtfastmath constructor, which sets flush-to-zero for the whole process that loads the library (the
+    user's, at dispatch)."""
     path, _ = compiler(candidate.backend)
     if candidate.backend == "cpu":
-        return [path, "-x", "c++", "-std=c++17", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-                f"-I{ABI_DIR}", *candidate.flags, "-o", str(out), str(src)]
-    return [path, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
-            *arch_flags(arch or "sm_90"), f"-I{ABI_DIR}", *candidate.flags, "-o", str(out), str(src)]
+        obj = out.with_suffix(".o")
+        return [[path, "-x", "c++", "-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-c",
+                 f"-I{ABI_DIR}", *candidate.flags, "-o", str(obj), str(src)],
+                [path, "-shared", "-fopenmp", "-o", str(out), str(obj)]]
+    return [[path, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+             *arch_flags(arch or "sm_90"), f"-I{ABI_DIR}", *candidate.flags, "-o", str(out), str(src)]]
 
 
 def build_key(candidate: Candidate, arch: str | None) -> str:
@@ -86,6 +94,7 @@ def build_key(candidate: Candidate, arch: str | None) -> str:
     if candidate.backend != "triton":
         h.update(compiler(candidate.backend)[1].encode())
         h.update(str(arch).encode())
+        h.update(_STEPS.encode())
     h.update((ABI_DIR / "forge_abi.h").read_bytes())
     return h.hexdigest()[:24]
 
@@ -119,14 +128,18 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
             os.replace(src, target)
             return BuildResult(True, str(target), "", time.perf_counter() - start, False, key)
         out = tmp / "kernel.so"
-        cmd = command(candidate, src, out, arch)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tmp,
-                                  env=scrubbed_env(), stdin=subprocess.DEVNULL)
-            text = f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
-            ok = proc.returncode == 0 and out.exists()
-        except subprocess.TimeoutExpired:
-            text, ok = f"$ {' '.join(cmd)}\ncompiler timed out after {timeout_s:.0f} s", False
+        text, ok = "", True
+        for cmd in commands(candidate, src, out, arch):
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tmp,
+                                      env=scrubbed_env(), stdin=subprocess.DEVNULL)
+                text += f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+                ok = proc.returncode == 0
+            except subprocess.TimeoutExpired:
+                text, ok = text + f"$ {' '.join(cmd)}\ncompiler timed out after {timeout_s:.0f} s", False
+            if not ok:
+                break
+        ok = ok and out.exists()
         if ok:
             (tmp / "build.log").write_text(text)
             os.replace(tmp / "build.log", folder / "build.log")

@@ -16,6 +16,7 @@ from pathlib import Path
 from forge.bench import DEFAULT_BENCH, BenchConfig
 from forge.build import BuildPool, BuildResult
 from forge.checks import check
+from forge.elfcheck import check_library
 from forge.kernel import Candidate, EvalResult, NoKernel, Status, TaskSpec
 from forge.worker import EvalRequest
 from forge.workers import Worker
@@ -52,6 +53,10 @@ class Evaluator:
     def _judge(self, task: TaskSpec, cand: Candidate, built: BuildResult, seed: int) -> EvalResult:
         if not built.ok:
             return EvalResult(Status.BUILD_ERROR, _first_error(built.log), build_log=built.log,
+                              build_s=built.seconds, device=self.device)
+        found = check_library(built.path, cand.backend)  # on the binary: what the source text could hide
+        if found:
+            return EvalResult(found[0][0], "; ".join(m for _, m in found)[:2000], build_log=built.log,
                               build_s=built.seconds, device=self.device)
         req = EvalRequest(task, cand.backend, built.path, cand.entry, seed, self.bench,
                           floor_factor=0.8 if self.device.startswith("cuda") else 0.25)

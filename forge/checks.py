@@ -43,9 +43,15 @@ _CPU_ONLY_RULES = [(Status.FORBIDDEN_CODE, "uses inline assembly", r"\b(asm|__as
 _PY_ALLOWED_IMPORTS = {"triton", "triton.language", "math"}
 _PY_FORBIDDEN_NAMES = {"eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr",
                        "globals", "locals", "vars", "breakpoint", "input", "memoryview", "__builtins__"}
+# attributes that lead from triton's modules to the interpreter, the system or other code
+_PY_FORBIDDEN_ATTRS = {"os", "sys", "modules", "subprocess", "builtins", "environ", "runtime", "backends",
+                       "compiler", "_C", "importlib", "ctypes", "torch", "shutil", "socket", "signal", "pathlib",
+                       "io", "popen", "system", "getenv", "spawn", "exec_module", "loader", "f_globals",
+                       "f_back", "gi_frame", "tb_frame"}
 _PY_TENSOR_METHODS = {"stride", "numel", "size", "dim", "data_ptr", "is_contiguous", "element_size",
                       "ndimension"}
-_PY_CALLS = {"triton.cdiv", "triton.next_power_of_2", "len", "range", "min", "max", "int", "float", "tuple",
+_PY_CALLS = {"triton.cdiv", "triton.next_power_of_2", "triton.Config", "triton.jit", "triton.autotune",
+             "triton.heuristics", "len", "range", "min", "max", "int", "float", "tuple",
              "list", "enumerate", "zip", "abs", "bool", "isinstance", "math.ceil", "math.sqrt", "math.log2",
              "math.prod", "print"}
 
@@ -110,8 +116,9 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
     late: list[Finding] = []  # `import torch`: reported after what the module does with it
     jit = _jit_functions(tree)
     inside_jit: set[ast.AST] = set()
-    for f in jit:
-        inside_jit.update(ast.walk(f))
+    for f in jit:  # the bodies only: decorator arguments and defaults run in Python (at import, at launch)
+        for stmt in f.body:
+            inside_jit.update(ast.walk(stmt))
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
     for node in ast.walk(tree):
         where = f" (line {getattr(node, 'lineno', '?')})"
@@ -144,7 +151,7 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
             else:
                 found.append((Status.FORBIDDEN_CODE, f"calls `{name or ast.unparse(node.func)}(...)` outside "
                               f"a @triton.jit kernel{where}"))
-    found += _module_shape(tree) + _tensor_math_outside_jit(tree, inside_jit) + late
+    found += _module_shape(tree) + _tensor_math_outside_jit(tree, jit) + late
     if entry not in defined:
         found.append((Status.BAD_FORMAT, f"defines no `{entry}(inputs, outputs)` function"))
     if not jit:
@@ -177,12 +184,17 @@ def _module_shape(tree: ast.Module) -> list[Finding]:
                       f"statement (only imports, constants and function definitions){where}"))
     for node in ast.walk(tree):
         where = f" (line {getattr(node, 'lineno', '?')})"
-        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
-            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
-        for t in targets:
-            for sub in ast.walk(t):
-                if isinstance(sub, ast.Attribute):
-                    found.append((Status.FORBIDDEN_CODE, f"assigns to the attribute `{ast.unparse(sub)}`{where}"))
+        # every binding position (=, augmented, for, with ... as, comprehensions, del) marks its target Store
+        # or Del: an attribute there patches a module or object; a subscript of an attribute (`sys.modules[..]
+        # = `, `os.environ[..] = `) too
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            found.append((Status.FORBIDDEN_CODE, f"assigns to the attribute `{ast.unparse(node)}`{where}"))
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)) and \
+                isinstance(node.value, ast.Attribute):
+            found.append((Status.FORBIDDEN_CODE, f"assigns into `{ast.unparse(node.value)}`{where}"))
+        elif isinstance(node, ast.Attribute) and node.attr in _PY_FORBIDDEN_ATTRS:
+            found.append((Status.FORBIDDEN_CODE, f"reaches `.{node.attr}` (`{ast.unparse(node)}`): a way out of "
+                          f"triton to the interpreter or the system{where}"))
         if isinstance(node, (ast.Global, ast.Nonlocal)):
             found.append((Status.FORBIDDEN_CODE, f"declares `{type(node).__name__.lower()}` names{where}"))
     return found
@@ -197,7 +209,7 @@ def _literal(node: ast.AST) -> bool:
     return isinstance(node, ast.Tuple) and all(_literal(e) for e in node.elts)
 
 
-def _tensor_math_outside_jit(tree: ast.Module, inside_jit: set[ast.AST]) -> list[Finding]:
+def _tensor_math_outside_jit(tree: ast.Module, jit: set[ast.AST]) -> list[Finding]:
     """PyTorch compute written with operators in a launcher: `y[...] = x * 2`, `x / (1 + ...)`.
 
     Tensors are the launcher's parameters and any name bound to a subscript of a tensor; arithmetic on
@@ -205,7 +217,7 @@ def _tensor_math_outside_jit(tree: ast.Module, inside_jit: set[ast.AST]) -> list
     """
     found: list[Finding] = []
     for fn in tree.body:
-        if not isinstance(fn, ast.FunctionDef) or fn in inside_jit:
+        if not isinstance(fn, ast.FunctionDef) or fn in jit:
             continue
         tensors = {a.arg for a in fn.args.args}
         for node in ast.walk(fn):

@@ -11,13 +11,16 @@ Method (docs/verification.md):
   promoted the same way); error = max |c - r| / (|r| + mean|r|) over elements where the reference
   (in the output dtype) is finite; it must be within max(TOLERANCE[dtype], 2 x the eager error);
 - NaN or Inf where the reference is finite fails; the same output for different inputs (a cached
-  result) fails; a constant output where the reference is not constant fails.
+  result) fails; a constant output where the reference is not constant fails;
+- after timing, the worker verifies once more on three sets from a new secret seed (the calls judged are
+  not only the first three), each output watched for a moment after the call returned.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,10 +163,20 @@ class Reference:
         return eager, high
 
 
+def _still_writing(outs: list[Guarded], settle_s: float, sync: Callable[[], None]) -> bool:
+    """True if any output buffer changes within `settle_s` after the call was synchronised."""
+    before = [o.raw.clone() for o in outs]
+    time.sleep(settle_s)
+    sync()
+    return any(not torch.equal(o.raw, b) for o, b in zip(outs, before, strict=True))
+
+
 def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[], None]],
            ref: Reference, inputs_meta: tuple[TensorMeta, ...], outputs_meta: tuple[TensorMeta, ...],
-           device: str, seed: int, sync: Callable[[], None]) -> Verdict:
-    """Run the candidate on three fresh input sets and judge every output; see the module docstring."""
+           device: str, seed: int, sync: Callable[[], None], settle_s: float = 0.0) -> Verdict:
+    """Run the candidate on three fresh input sets and judge every output; see the module docstring.
+    `settle_s`: after each call, wait this long and fail an output that changed meanwhile (work left
+    running on a thread or stream after the call returned)."""
     detail: dict[str, Any] = {"sets": []}
     previous: list[torch.Tensor] | None = None
     ref_prev: list[torch.Tensor] = []
@@ -175,6 +188,9 @@ def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[],
         outs = [Guarded(m, device) for m in outputs_meta]
         bind(inputs, [o.tensor for o in outs])()
         sync()
+        if settle_s and _still_writing(outs, settle_s, sync):
+            return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {k}: an output changed after the call returned "
+                           "(work left running on a thread or stream)", detail)
         row: dict[str, Any] = {"set": k}
         detail["sets"].append(row)
         for i, (o, e, h, m) in enumerate(zip(outs, eager, high, outputs_meta, strict=True)):

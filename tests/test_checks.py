@@ -301,6 +301,10 @@ PY_RULES = [
     ("attribute-in-launch", "math.e = 0", "import math", Status.FORBIDDEN_CODE),
     ("setattr-free-attribute-del", "del x.foo", "", Status.FORBIDDEN_CODE),
     ("global", "global K", "K = 1", Status.FORBIDDEN_CODE),
+    ("for-target-patch", "for triton.backends.sys.modules['torch'].equal in [abs]: pass", "",
+     Status.FORBIDDEN_CODE),
+    ("alias-then-item", "m = triton.backends.os.environ\n    m['X'] = '1'", "", Status.FORBIDDEN_CODE),
+    ("with-as-attribute", "with x as tl.x: pass", "", Status.FORBIDDEN_CODE),
     ("eval", "k = eval('1 + 1')", "", Status.FORBIDDEN_CODE),
     ("exec", "exec('k = 1')", "", Status.FORBIDDEN_CODE),
     ("compile", "c = compile('1', 'f', 'eval')", "", Status.FORBIDDEN_CODE),
@@ -323,6 +327,23 @@ def test_python_rule(body: str, head: str, status: Status) -> None:
     assert findings, "nothing found"
     assert findings[0][0] is status, findings
     assert check(Candidate("triton", py(body, head))) == findings
+
+
+@pytest.mark.parametrize("old, new", [
+    ("@triton.jit\n", "@triton.jit(do_not_specialize=[triton.runtime.cache.os.system('true')])\n"),
+    ("BLOCK: tl.constexpr)", "BLOCK: tl.constexpr, Z=triton.runtime.cache.os.system('true'))"),
+])
+def test_python_code_in_decorator_arguments_and_defaults_is_checked(old: str, new: str) -> None:
+    """Decorator arguments and defaults of a @triton.jit function run in Python: they are checked as such."""
+    source = py().replace(old, new, 1)
+    assert source != py()
+    assert check_python(source), "nothing found"
+
+
+def test_python_autotune_and_heuristics_with_inline_configs_pass() -> None:
+    source = py().replace("@triton.jit\n", "@triton.autotune(configs=[triton.Config({'B': 1}, num_warps=4)], "
+                          "key=['n'])\n@triton.heuristics({'EVEN': lambda a: a['n'] % 2 == 0})\n@triton.jit\n", 1)
+    assert check_python(source) == []
 
 
 def test_python_torch_inside_jit_and_tensor_queries_are_allowed() -> None:

@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import platform
+import secrets
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -104,9 +105,14 @@ def manifest_of(path: str | Path) -> tuple[Path, dict[str, Any]]:
         raise ArtifactError(f"Invalid artifact {path}: cannot read {manifest.name}: {e}") from e
 
 
-def read(path: str | Path) -> list[KernelArtifact]:
-    """The kernels of an artifact folder (or its manifest.json), each file checked (see the module doc)."""
-    return _kernels(*manifest_of(path))
+def read(path: str | Path, model: Any = None, inputs: list[Any] | None = None) -> list[KernelArtifact]:
+    """The kernels of an artifact folder (or its manifest.json), each file checked (see the module doc).
+    Their reference `source` is rendered from `model` on `inputs` when given (kernels whose task is not in
+    it are left out), else empty: the manifest's text is never what runs."""
+    kernels = _kernels(*manifest_of(path))
+    if model is None or inputs is None:
+        return [replace(k, source="") for k in kernels]
+    return _local_references(kernels, model, inputs)
 
 
 def _checked(manifest: Path, entry: dict[str, Any], name: str, digest: str) -> Path:
@@ -192,9 +198,10 @@ def verified_here(kernels: list[KernelArtifact], device: str) -> list[KernelArti
 
     keep = []
     with Worker(device) as worker:
-        for i, k in enumerate(kernels):
+        for k in kernels:
             spec = TaskSpec(k.key, k.source, k.inputs, k.outputs, sum(m.nbytes for m in (*k.inputs, *k.outputs)))
-            res = worker.request(EvalRequest(spec, k.backend, k.path, k.entry, seed=i), timeout_s=120.0)
+            res = worker.request(EvalRequest(spec, k.backend, k.path, k.entry, seed=secrets.randbits(40)),
+                                 timeout_s=120.0)
             if res.status.passed and (res.speedup or 0.0) > 1.0:
                 keep.append(k)
             else:

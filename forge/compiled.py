@@ -49,6 +49,9 @@ def against_inductor(kernels: list[KernelArtifact], device: str, mode: str | Non
     clock, cfg = Clock(device), bench or BenchConfig(warmup_s=0.05, budget_s=0.3)
     duels = []
     for i, k in enumerate(kernels):
+        if not k.source:
+            raise ValueError(f"kernel {k.key} has no reference source: read the artifact with the model "
+                             "(forge.artifact.read(path, model, inputs))")
         gen = generator(device, 1000 + i)
         xs = [make_input(m, 0, gen, device) for m in k.inputs]
         ours = GuardedKernel(k, strict=True)

@@ -18,7 +18,7 @@ import math
 import torch
 import torch.fx
 
-from forge.rewrite_base import Graph, Rewrite, is_op, only_user
+from forge.rewrite_base import Graph, Rewrite, is_op, only_user, outputs_row_major
 
 aten = torch.ops.aten
 
@@ -84,6 +84,8 @@ class AttentionGemm(Rewrite):
             sdpa.replace_all_uses_with(new)
             g.graph.erase_node(sdpa)  # tagged nondeterministic (dropout): dead-code elimination keeps it
             sites += 1
+        if sites:  # eager's attention output may come back in another layout: a graph output stays as eager's
+            outputs_row_major(g)
         return sites
 
 

@@ -143,7 +143,8 @@ class _Call(torch.nn.Module):
         self.model = model
 
     def forward(self, *inputs: Any) -> Any:
-        return self.model(*inputs)
+        with torch.no_grad():  # inference, as every other variant (and what was measured)
+            return self.model(*inputs)
 
 
 class Compiled(torch.nn.Module):

@@ -64,8 +64,12 @@ class Guarded:
     integers a random value, new for every buffer); the guard zones with random bits, kept to compare: a
     candidate cannot tell a verification buffer by a fixed word before, in or after its output."""
 
-    def __init__(self, meta: TensorMeta, device: str) -> None:
+    def __init__(self, meta: TensorMeta, device: str, finite: bool = False) -> None:
+        """`finite`: the output holds random finite values instead of the poison word, as a reused buffer
+        would (a kernel that computes only when it sees NaN in its output is caught by the comparison);
+        unwritten elements then show as wrong values, not as a partial write."""
         dtype = meta.torch_dtype
+        self.finite = finite
         self.meta = meta
         self.guard = max(256, 4096 // dtype.itemsize)
         bits_dtype, self.bits = _POISON[dtype]
@@ -85,6 +89,10 @@ class Guarded:
                                      dtype=zone.dtype))
         self._zones = (self.raw[:g].clone(), self.raw[g + n:].clone())
         self.tensor = self.buf[g:g + n].view(meta.shape)
+        if finite and n:
+            fill = torch.randn(n, generator=gen, device=self.raw.device) * 3 if dtype.is_floating_point else \
+                torch.randint(0, 2 if dtype == torch.bool else 16, (n,), generator=gen, device=self.raw.device)
+            self.buf[g:g + n].copy_(fill.to(dtype))
 
     def guards_intact(self) -> bool:
         """True if nothing was written outside the output."""
@@ -92,8 +100,10 @@ class Guarded:
         return bool(torch.equal(self.raw[:g], self._zones[0]) and torch.equal(self.raw[g + n:], self._zones[1]))
 
     def poisoned(self) -> torch.Tensor:
-        """Mask of output elements that still hold the poison."""
+        """Mask of output elements that still hold the poison (none, for a finite fill)."""
         g, n = self.guard, self.meta.numel
+        if self.finite:
+            return torch.zeros(self.meta.shape, dtype=torch.bool, device=self.raw.device)
         return (self.raw[g:g + n] == self.bits).view(self.meta.shape)
 
 
@@ -173,10 +183,12 @@ def _still_writing(outs: list[Guarded], settle_s: float, sync: Callable[[], None
 
 def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[], None]],
            ref: Reference, inputs_meta: tuple[TensorMeta, ...], outputs_meta: tuple[TensorMeta, ...],
-           device: str, seed: int, sync: Callable[[], None], settle_s: float = 0.0) -> Verdict:
+           device: str, seed: int, sync: Callable[[], None], settle_s: float = 0.0,
+           finite_fill: bool = False) -> Verdict:
     """Run the candidate on three fresh input sets and judge every output; see the module docstring.
     `settle_s`: after each call, wait this long and fail an output that changed meanwhile (work left
-    running on a thread or stream after the call returned)."""
+    running on a thread or stream after the call returned). `finite_fill`: outputs pre-filled with finite random
+    values instead of the poison (see Guarded)."""
     detail: dict[str, Any] = {"sets": []}
     previous: list[torch.Tensor] | None = None
     ref_prev: list[torch.Tensor] = []
@@ -185,7 +197,7 @@ def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[],
         inputs = [make_input(m, k, gen, device) for m in inputs_meta]
         saved = [x.clone() for x in inputs]
         eager, high = ref(inputs)
-        outs = [Guarded(m, device) for m in outputs_meta]
+        outs = [Guarded(m, device, finite_fill) for m in outputs_meta]
         bind(inputs, [o.tensor for o in outs])()
         sync()
         if settle_s and _still_writing(outs, settle_s, sync):

@@ -100,9 +100,10 @@ def handle(req: EvalRequest, st: _State) -> tuple[EvalResult, bool]:
                 return result(Status.STALE_RESULT, f"output {i}: not written when called again on the same "
                               "buffers (skips work on repeated calls)", verify=verdict.detail), False
         # The calls judged are not only the first three: three more sets, from a seed drawn here, after all
-        # the timed calls, each output watched for a moment after its call returned.
+        # the timed calls, into outputs holding finite values (not the NaN poison a kernel could look for),
+        # each output watched for a moment after its call returned.
         late = verify(lambda i, o: launcher.bind(i, o, guard=True), ref, req.task.inputs, req.task.outputs,
-                      st.device, random.SystemRandom().getrandbits(40), st.sync, settle_s=0.02)
+                      st.device, random.SystemRandom().getrandbits(40), st.sync, settle_s=0.02, finite_fill=True)
         if late.status is not Status.OK:
             return result(late.status, f"after timing: {late.message}", verify=verdict.detail), False
         floor_us = req.task.floor_bytes / st.bandwidth * 1e6 if st.bandwidth else None

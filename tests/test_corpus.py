@@ -45,7 +45,7 @@ C_KINDS = {
     "low_precision": "low_precision", "torch_call": "forbidden_torch", "other_thread": "forbidden_concurrency",
     "read_env_or_file": "forbidden_io", "huge_allocation": "forbidden_alloc", "timer": "forbidden_timer",
     "skip_repeat": "stale_result", "malloc_via_pointer": "forbidden_alloc", "recognises_judge": "wrong_result",
-    "drift_after_judging": "wrong_result",
+    "drift_after_judging": "wrong_result", "checks_for_poison": "wrong_result",
 }
 # CPU kernels whose source passes the text checks and whose built library does not (forge.elfcheck).
 BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_concurrency",

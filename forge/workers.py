@@ -57,8 +57,11 @@ class Worker:
     def _start(self) -> None:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
+        # HOME is the worker's own folder: credentials kept in files under the user's home (~/.aws, ~/.netrc,
+        # tokens) are not a path away; Triton's cache stays where it was
+        triton_cache = os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
         extra = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p),
-                 "PYTHONUNBUFFERED": "1"}
+                 "PYTHONUNBUFFERED": "1", "HOME": self._dir.name, "TRITON_CACHE_DIR": triton_cache}
         dev = self.device
         if dev.startswith("cuda"):
             index = dev.split(":")[1] if ":" in dev else "0"

@@ -267,6 +267,8 @@ def test_worker_env_is_an_allowlist(spec: TaskSpec, tmp_path: Path, monkeypatch:
         assert ev.worker.proc is not None and ev.worker.proc.poll() is None
         raw = Path(f"/proc/{ev.worker.proc.pid}/environ").read_bytes()
     names = {e.split(b"=", 1)[0].decode() for e in raw.split(b"\0") if e}
+    home = next(e.split(b"=", 1)[1].decode() for e in raw.split(b"\0") if e.startswith(b"HOME="))
+    assert home != os.environ.get("HOME") and Path(home).name.startswith("forge-worker")  # not the user's home
     assert "PATH" in names  # it is the real environment
     for name, value in secrets.items():
         assert name.encode() not in raw

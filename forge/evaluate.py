@@ -39,8 +39,11 @@ class Evaluator:
 
     def __init__(self, device: str = "cpu", *, cache_dir: Path | None = None, build_workers: int | None = None,
                  timeout_s: float = 120.0, bench: BenchConfig | None = DEFAULT_BENCH,
-                 memory_bytes: int | None = None, arch: str | None = None) -> None:
+                 memory_bytes: int | None = None, arch: str | None = None, seed: int | None = None) -> None:
+        """`seed`: the verification inputs' seed for every evaluation that names none (reproducible runs, as
+        tests need); by default a secret random one per evaluation."""
         self.device = device
+        self.seed = seed
         self.timeout_s = timeout_s
         self.bench = bench
         self.arch = arch or device_arch(device)
@@ -70,8 +73,9 @@ class Evaluator:
     def evaluate_many(self, task: TaskSpec, cands: list[Candidate], seed: int | None = None
                       ) -> Iterator[EvalResult]:
         """Results in the order of `cands`; builds run in parallel ahead of the worker. `seed`: of the
-        verification inputs (the i-th candidate gets seed + i); by default a secret random one per
-        evaluation, so that a candidate cannot recognise the inputs it is judged on."""
+        verification inputs (the i-th candidate gets seed + i; default: the evaluator's); without either, a
+        secret random one per evaluation, so that a candidate cannot recognise the inputs it is judged on."""
+        seed = self.seed if seed is None else seed
         futures = []
         for c in cands:
             problems = [(c.status, c.reason)] if isinstance(c, NoKernel) else check(c)

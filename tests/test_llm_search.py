@@ -68,7 +68,10 @@ def tasks():
 
 @pytest.fixture(scope="module")
 def ev():
-    with Evaluator("cpu", bench=FAST) as e:
+    # a fixed verification seed: the second run must see the very prompts of the first (evaluation messages
+    # carry error values) to be served from the cache; a kernel's static state outlives its evaluation in
+    # the worker, so the inputs must match too
+    with Evaluator("cpu", bench=FAST, seed=0) as e:
         yield e
 
 

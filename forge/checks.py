@@ -120,6 +120,8 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
         for stmt in f.body:
             inside_jit.update(ast.walk(stmt))
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    modules = {(a.asname or a.name).split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names
+               if (a.asname or a.name).split(".")[0] != "torch"}
     for node in ast.walk(tree):
         where = f" (line {getattr(node, 'lineno', '?')})"
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -145,6 +147,8 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
                 continue
             if name.startswith("torch.cuda.") and "tream" in name:
                 found.append((Status.FORBIDDEN_CONCURRENCY, f"uses another stream: `{name}(...)`{where}"))
+            elif name.split(".")[0] in modules:  # triton.runtime...os.system(...): not PyTorch, a way out
+                found.append((Status.FORBIDDEN_CODE, f"calls `{name}(...)` outside a @triton.jit kernel{where}"))
             elif name.startswith("torch.") or isinstance(node.func, ast.Attribute):
                 found.append((Status.FORBIDDEN_TORCH, f"calls `{name or ast.unparse(node.func)}(...)` "
                               f"outside a @triton.jit kernel (PyTorch compute is not allowed){where}"))

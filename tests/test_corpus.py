@@ -50,11 +50,12 @@ C_KINDS = {
 # CPU kernels whose source passes the text checks and whose built library does not (forge.elfcheck).
 BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_concurrency",
                 "macro_constructor": "forbidden_code", "exit_handler": "forbidden_code",
-                "raw_syscall": "forbidden_io"}
+                "raw_syscall": "forbidden_io", "pointer_to_kill": "forbidden_io", "pasted_getenv": "forbidden_io"}
 TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",
                 "reads_env": "forbidden_io", "uses_eval": "forbidden_code", "patches_module": "forbidden_code",
                 "import_time_code": "forbidden_code", "patch_in_launch": "forbidden_code",
-                "foreign_decorator": "forbidden_code"}
+                "foreign_decorator": "forbidden_code", "decorator_argument_code": "forbidden_code",
+                "default_argument_code": "forbidden_code", "for_target_patch": "forbidden_code"}
 # Statuses the static checks give before anything is built.
 STATIC = {s.value for s in Status if s.value.startswith("forbidden_")} | {Status.BAD_FORMAT.value}
 # Needs the ATen headers to compile, which only a torch source tree has: the static check is its test.

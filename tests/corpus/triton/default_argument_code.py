@@ -1,0 +1,18 @@
+# expect: forbidden_code
+# Runs a shell at import from a default value of a @triton.jit parameter (defaults are plain Python).
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def silu_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, Z=triton.runtime.cache.os.system("true")):  # noqa: B008 - the cheat
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, x * tl.sigmoid(x), mask=mask)
+
+
+def launch(inputs, outputs):
+    x, y = inputs[0], outputs[0]
+    n = x.numel()
+    silu_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)

@@ -19,7 +19,6 @@ those that pass and beat eager.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import platform
@@ -31,7 +30,8 @@ from typing import Any
 
 import torch
 
-from forge.capture import TensorMeta, capture
+from forge.build import file_sha256 as sha256
+from forge.capture import Capture, TensorMeta, capture
 from forge.dispatch import KernelArtifact, apply
 from forge.errors import UserError
 from forge.tasks import build_tasks
@@ -45,13 +45,6 @@ class ArtifactError(UserError):
     """An artifact that is malformed or not what was saved: a file outside its folder, a changed file."""
 
 
-def sha256(path: Path) -> str:
-    """The SHA-256 of a file's bytes, in hex."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def device_model(device: str) -> str:
@@ -112,7 +105,7 @@ def read(path: str | Path, model: Any = None, inputs: list[Any] | None = None) -
     kernels = _kernels(*manifest_of(path))
     if model is None or inputs is None:
         return [replace(k, source="") for k in kernels]
-    return _local_references(kernels, model, inputs)
+    return _local_references(kernels, capture(model, inputs))
 
 
 def _checked(manifest: Path, entry: dict[str, Any], name: str, digest: str) -> Path:
@@ -158,12 +151,14 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
     for k in kernels:
         by_device.setdefault("cpu" if k.backend == "cpu" else "cuda", []).append(k)
     keep: list[KernelArtifact] = []
+    cap: Capture | None = None  # captured once, when verification needs the model's own references
     for device, ks in by_device.items():
         here, tuned = device_model(device), data.get("device_model")
         if tuned == here:
             keep += ks
         elif verify:
-            keep += verified_here(_local_references(ks, model, inputs), device)
+            cap = cap or capture(model, inputs)
+            keep += verified_here(_local_references(ks, cap), device)
         else:
             msg = (f"the kernels of {path} were tuned on {tuned or 'an unrecorded device'}, this is {here}: "
                    "not used (load with verify=True to verify and time them here first)")
@@ -171,7 +166,7 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
                 raise RuntimeError(msg)
             log.warning(msg)
     if "variant" not in data:  # an artifact from before variants: kernels, and a CUDA graph when it says so
-        return apply(model, inputs, keep, strict=strict, cuda_graph=bool(data.get("cuda_graph")))
+        return apply(model, inputs, keep, strict=strict, cuda_graph=bool(data.get("cuda_graph")), cap=cap)
     from forge.variants import Variant, build
 
     try:
@@ -179,14 +174,14 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
     except ValueError as e:
         raise ValueError(f"Invalid artifact {manifest}: {e}") from e
     device = "cuda" if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs) else "cpu"
-    fn, _, _ = build(model, inputs, keep, variant, device, strict=strict)
+    fn, _, _ = build(model, inputs, keep, variant, device, strict=strict, cap=cap)
     return fn
 
 
-def _local_references(kernels: list[KernelArtifact], model: Any, inputs: list[Any]) -> list[KernelArtifact]:
-    """The kernels whose task is in `model` on `inputs`, each with that task's reference source rendered from
+def _local_references(kernels: list[KernelArtifact], cap: Capture) -> list[KernelArtifact]:
+    """The kernels whose task is in the captured model, each with that task's reference source rendered from
     the model (not the manifest's text)."""
-    tasks = {t.key: t for t in build_tasks(capture(model, inputs).graph_module.graph)}
+    tasks = {t.key: t for t in build_tasks(cap.graph_module.graph)}
     return [replace(k, source=tasks[k.key].source) for k in kernels if k.key in tasks]
 
 

@@ -112,7 +112,7 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
     suffix = {"cpu": ".cpp", "cuda": ".cu", "triton": ".py"}[candidate.backend]
     target = folder / ("kernel.py" if candidate.backend == "triton" else "kernel.so")
     if target.exists():
-        if _read(folder / "kernel.sha256").strip() == _sha256(target):
+        if _read(folder / "kernel.sha256").strip() == file_sha256(target):
             return BuildResult(True, str(target), _read(folder / "build.log"), time.perf_counter() - start,
                                True, key)
         log.warning("cached build %s changed since it was built (or has no hash): building it again", key)
@@ -150,14 +150,19 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, in hex (read in blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _record(built: Path, folder: Path) -> None:
     """Write the SHA-256 of a finished build next to where it goes (atomically, before the file itself)."""
     tmp = built.with_suffix(".sha256")
-    tmp.write_text(_sha256(built) + "\n")
+    tmp.write_text(file_sha256(built) + "\n")
     os.replace(tmp, folder / "kernel.sha256")
 
 

@@ -14,6 +14,7 @@ CUDA runtime statically, whose own imports (dlopen, threads) would drown a kerne
 
 from __future__ import annotations
 
+import platform
 import re
 import shutil
 import subprocess
@@ -95,8 +96,6 @@ def _section_sizes(path: str | Path) -> dict[str, int]:
 
 
 def _raw_syscall(path: str | Path) -> str | None:
-    import platform
-
     pattern = _SYSCALL.get(platform.machine())
     if pattern is None or shutil.which("objdump") is None:
         return None

@@ -37,11 +37,11 @@ class GeluEpilogue(Rewrite):
         for gelu in list(g.graph.nodes):
             if not is_op(gelu, aten.gelu.default) or _approximate(gelu) != "tanh":
                 continue
-            src = gelu.args[0]
-            mm = src.args[0] if is_op(src, aten.view.default, aten.reshape.default, aten._unsafe_view.default) \
-                else src
-            if not is_op(mm, aten.addmm.default) or mm.kwargs or len(mm.args) != 3 or only_user(mm) is not \
-                    (gelu if mm is src else src) or (mm is not src and only_user(src) is not gelu):
+            mm, user = gelu.args[0], gelu  # addmm, or a view of it, read by this GELU alone
+            if is_op(mm, aten.view.default, aten.reshape.default, aten._unsafe_view.default) and \
+                    only_user(mm) is gelu:
+                mm, user = mm.args[0], mm
+            if not is_op(mm, aten.addmm.default) or mm.kwargs or len(mm.args) != 3 or only_user(mm) is not user:
                 continue
             bias, a, wt = mm.args
             bv, val = bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None, mm.meta.get("val")

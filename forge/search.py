@@ -117,8 +117,7 @@ class TaskSearch:
         self.tree = MCTS(lambda node: policy.propose(self.spec, node.payload, ""))
         self.db_id: dict[int, int] = {}  # tree node id -> candidate id in the store
         self.best: tuple[float, Candidate] | None = None  # (median us, candidate)
-        self.eager_us: float | None = None
-        self.baselines: list[float] = []
+        self.baselines: list[float] = []  # every paired eager median measured
         self.floor_us: float | None = None
         self.tried = 0
         self.since_best = 0
@@ -171,13 +170,17 @@ class TaskSearch:
             floor = (ev.time_us_spread or {}).get("floor_us")
             self.last_at = ev.created_at if self.last_at is None else max(self.last_at, ev.created_at)
         self.floor_us = floor or self.floor_us
-        if baseline:  # the median of every paired eager measurement: one outlier cannot move it far
+        if baseline:
             self.baselines.append(baseline)
-            self.eager_us = statistics.median(self.baselines)
         if passed and median and (self.best is None or median < self.best[0]):
             self.best, self.since_best = (median, cand()), 0
         else:
             self.since_best += 1
+
+    @property
+    def eager_us(self) -> float | None:
+        """The task's eager time: the median of its paired measurements (one outlier cannot move it far)."""
+        return statistics.median(self.baselines) if self.baselines else None
 
     def stopped(self, deadline: float, budget: Budget) -> str | None:
         """Why the task must stop now, or None."""

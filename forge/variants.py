@@ -118,9 +118,13 @@ class Measured:
 
 def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], variant: Variant,
           device: str, strict: bool = False, cap: Capture | None = None
-          ) -> tuple[Callable[..., Any], OptimizedModule, dict[str, int]]:
-    """The model as `variant`: (callable, the patched module under it, sites rewritten per rewrite).
-    `cap`: the model's capture on these inputs, when there is one already (see forge.dispatch.apply)."""
+          ) -> tuple[Callable[..., Any], OptimizedModule | None, dict[str, int]]:
+    """The model as `variant`: (callable, the patched module under it or None for the model itself, sites
+    rewritten per rewrite). `cap`: the model's capture on these inputs, when there is one already (see
+    forge.dispatch.apply)."""
+    if variant.own_model:  # nothing of forge's in it: the model itself, as torch.compile(model) would (the
+        # captured graph, with parameters as inputs, compiled measurably slower than that on some CPU problems)
+        return Compiled(_Call(model), None, variant.runtime == "inductor-cuda-graph"), None, {}
     opt = apply(model, inputs, kernels if variant.kernels else [], strict=strict,
                 cuda_graph=variant.runtime == "cuda-graph", cap=cap)
     sites: dict[str, int] = {}
@@ -128,10 +132,7 @@ def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
         _views_to_reshapes(opt.gm.graph)
         sites = rewrite(opt.gm, opt._template, opt._user_slots, variant.rewrites, device)
     if variant.runtime.startswith("inductor"):
-        # nothing of forge's in it: the model itself, as torch.compile(model) would (the captured graph, with
-        # parameters as inputs, compiled measurably slower than that on some CPU problems)
-        target = _Call(model) if variant.own_model else opt
-        return Compiled(target, opt, variant.runtime == "inductor-cuda-graph"), opt, sites
+        return Compiled(opt, opt, variant.runtime == "inductor-cuda-graph"), opt, sites
     return opt, opt, sites
 
 
@@ -151,9 +152,9 @@ class Compiled(torch.nn.Module):
     """A module (the patched one, or the model) compiled by torch.compile, called as eager is: with Inductor's
     CUDA graphs the outputs of a call are overwritten by the next replay, so they are cloned out (as forge's
     own CUDA graph does). `counters()` are the kernels' of `opt` (they run as the op `forge::kernel` inside
-    the compiled graph)."""
+    the compiled graph; none for the model itself)."""
 
-    def __init__(self, target: torch.nn.Module, opt: OptimizedModule, cuda_graphs: bool) -> None:
+    def __init__(self, target: torch.nn.Module, opt: OptimizedModule | None, cuda_graphs: bool) -> None:
         super().__init__()
         self.opt, self.cuda_graphs = opt, cuda_graphs
         # A forward of its own: torch.compile caches compilations on the code object, and every
@@ -173,7 +174,7 @@ class Compiled(torch.nn.Module):
 
     def counters(self) -> dict[str, Any]:
         """Per task key: hits and fallbacks (by reason) of the kernels inside."""
-        return self.opt.counters()
+        return self.opt.counters() if self.opt is not None else {}
 
 
 def _peak_ratio(fn: Callable[..., Any], model: torch.nn.Module, inputs: list[Any], base: int) -> float | None:
@@ -182,22 +183,25 @@ def _peak_ratio(fn: Callable[..., Any], model: torch.nn.Module, inputs: list[Any
     peak is the one measured now less what building `fn` added (folded weights, graph pools)."""
     if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
         return None
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    _release()
     held = torch.cuda.memory_reserved() - base  # what building fn keeps: graph pools, folded weights
     peaks = []
     with torch.no_grad():
         for f in (model, fn):
-            gc.collect()
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()  # what is cached but free is not a peak of this forward
+            _release()  # what is cached but free is not a peak of this forward
             torch.cuda.reset_peak_memory_stats()
             f(*inputs)
             torch.cuda.synchronize()
             peaks.append(torch.cuda.max_memory_reserved())
     eager_alone = peaks[0] - held
     return peaks[1] / eager_alone if eager_alone > 0 else None
+
+
+def _release() -> None:
+    """Free what is unreferenced and give the allocator's free cache back, after the device is idle."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
 
 
 def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], variant: Variant,
@@ -215,11 +219,12 @@ def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtif
         if need and not sites.get(need):
             return Measured(variant, 0.0, 0.0, False, float("inf"), None, sites, f"{need}: nothing to rewrite"), None
         eager_ms, ms = interleaved_ms(lambda: model(*inputs), lambda: fn(*inputs), device)
-        if variant.runtime == "cuda-graph" and not opt.cuda_graph:
+        if variant.runtime == "cuda-graph" and opt is not None and not opt.cuda_graph:
             raise RuntimeError(f"not capturable as a CUDA graph: {opt.graph_error}")
         match, err = outputs_match(model, fn, fresh_inputs(inputs))
         peak = _peak_ratio(fn, model, inputs, base)
-        fell = sorted({f"{k} ({', '.join(c.fallbacks)})" for k, c in opt.counters().items() if c.fallbacks})
+        fell = sorted({f"{k} ({', '.join(c.fallbacks)})" for k, c in (opt.counters() if opt else {}).items()
+                       if c.fallbacks})
         if fell:  # a rewrite or a compiler changed a kernel's input layout: the variant is not what it says
             raise RuntimeError(f"{len(fell)} kernels fall back to eager: {'; '.join(fell)}"[:300])
     except Exception as e:  # noqa: BLE001 - a variant that cannot be built or run is a result, not a crash

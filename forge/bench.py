@@ -85,20 +85,28 @@ class Clock:
         return (time.perf_counter_ns() - t0) / 1e3
 
 
-def interleaved(clock: Clock, fns: list[Callable[[], object]], cfg: BenchConfig) -> list[Timing]:
-    """Time several callables call by call in turn; one Timing each."""
+def interleaved(clock: Clock, fns: list[Callable[[], object]], cfg: BenchConfig,
+                prepare: Callable[[], None] | None = None) -> list[Timing]:
+    """Time several callables call by call in turn; one Timing each. `prepare`: called before every round
+    (warm-up included), outside the timed region (forge.spotcheck perturbs the inputs there)."""
+    prep = prepare or (lambda: None)
+
+    def warm() -> None:
+        prep()
+        for fn in fns:
+            fn()
+
     deadline = time.perf_counter() + cfg.warmup_s
     for _ in range(3):
-        for fn in fns:
-            fn()
+        warm()
     while time.perf_counter() < deadline:
-        for fn in fns:
-            fn()
+        warm()
     if clock.cuda:
         torch.cuda.synchronize()
     samples: list[list[float]] = [[] for _ in fns]
     deadline = time.perf_counter() + cfg.budget_s
     while len(samples[0]) < cfg.max_runs and (len(samples[0]) < cfg.min_runs or time.perf_counter() < deadline):
+        prep()
         for s, fn in zip(samples, fns, strict=True):
             s.append(clock.time_us(fn))
     return [stats(s) for s in samples]

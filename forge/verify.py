@@ -1,28 +1,31 @@
 """Verification of a candidate against its task's reference (runs inside the worker).
 
 Method (docs/verification.md):
-- three input sets with fresh random values per call, never zero, of growing magnitude and spread
-  (N(0,1); 3*N(0,1)+0.5; 10*N(0,1)-1, which gives softmax logits around +-30);
+- four input sets with fresh random values per call: three never zero, of growing magnitude and spread
+  (N(0,1); 3*N(0,1)+0.5; 10*N(0,1)-1, which gives softmax logits around +-30), then the hard values
+  (zeros, magnitudes at the edge of exp's overflow, large magnitudes, negatives: `_hard`);
 - outputs are allocated by the harness inside a larger buffer and filled with a NaN of a known bit
   pattern; the zones before and after each output must keep that pattern (out-of-bounds writes) and no
   output element may keep it (partial write);
 - inputs are compared bit for bit before and after the call;
 - the reference runs in higher precision (fp16/bf16 -> fp32, fp32 -> fp64, dtype casts in the region
   promoted the same way); error = max |c - r| / (|r| + mean|r|) over elements where the reference
-  (in the output dtype) is finite; it must be within max(TOLERANCE[dtype], 2 x the eager error);
-- NaN or Inf where the reference is finite fails; the same output for different inputs (a cached
+  (in the output dtype) and eager's own result are finite; it must be within max(TOLERANCE[dtype],
+  2 x the eager error);
+- NaN or Inf where the reference and eager are finite fails; the same output for different inputs (a cached
   result) fails; a constant output where the reference is not constant fails;
-- after timing, the worker verifies once more on three sets from a new secret seed (the calls judged are
-  not only the first three), each output watched for a moment after the call returned.
+- timed calls are judged at random (forge.spotcheck); after timing, the worker verifies once more on the
+  SETS from a new secret seed, each output watched for a moment after the call returned.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -35,6 +38,7 @@ TOLERANCE = {"float32": 1e-4, "float64": 1e-9, "bfloat16": 2e-2, "float16": 5e-3
 # Errors above tolerance but below this look like arithmetic in a lower precision than asked.
 LOW_PRECISION_BAND = {"float32": 5e-2, "float64": 1e-3, "bfloat16": 0.15, "float16": 0.15}
 SCALES = ((1.0, 0.0), (3.0, 0.5), (10.0, -1.0))
+SETS = len(SCALES) + 1  # input sets a verification runs: the scales, then the hard values
 _POISON = {torch.float32: (torch.int32, 0x7FC0DEAD), torch.float16: (torch.int16, 0x7E5A),  # NaNs
            torch.bfloat16: (torch.int16, 0x7FDA), torch.float64: (torch.int64, 0x7FF8DEADBEEFDEAD),
            torch.int64: (torch.int64, 0x5A5A5A5A5A5A5A5A), torch.int32: (torch.int32, 0x5A5A5A5A),
@@ -114,21 +118,40 @@ def _signed(value: int, dtype: torch.dtype) -> int:
 
 
 def make_input(meta: TensorMeta, k: int, gen: torch.Generator, device: str) -> torch.Tensor:
-    """Input set k for one tensor: random, never zero, with the meta's shape, dtype and stride."""
+    """Input set k for one tensor, with the meta's shape, dtype and stride: random and never zero for the
+    sets of SCALES, the hard values (`_hard`) for the last of the SETS."""
     span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride, strict=True)) if meta.numel else 0
     dtype = meta.torch_dtype
     dev = gen.device  # generated where the generator lives: on the GPU for CUDA workers (fast)
     if dtype.is_floating_point:
-        scale, shift = SCALES[k % len(SCALES)]
         wide = torch.float64 if dtype == torch.float64 else torch.float32
-        flat = torch.randn(span, generator=gen, dtype=wide, device=dev) * scale + shift
-        flat = torch.where(flat.to(dtype) == 0, torch.full_like(flat, 0.5), flat)
+        if k % SETS == len(SCALES):
+            flat = _hard(span, dtype, wide, gen)
+        else:
+            scale, shift = SCALES[k % SETS]
+            flat = torch.randn(span, generator=gen, dtype=wide, device=dev) * scale + shift
+            flat = torch.where(flat.to(dtype) == 0, torch.full_like(flat, 0.5), flat)
     elif dtype == torch.bool:
         flat = torch.randint(0, 2, (span,), generator=gen, device=dev).bool()
     else:
         flat = torch.randint(0, 16, (span,), generator=gen, device=dev)
     flat = flat.to(dtype).to(device)
     return flat.as_strided(meta.shape, meta.stride)
+
+
+def _hard(n: int, dtype: torch.dtype, wide: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """The values naive kernels get wrong, mixed at random: an eighth zeros, an eighth within a few units of
+    where exp overflows in `dtype` (ln of its largest value: about 88.7 for float32 and bfloat16, 11.1 for
+    float16), either sign, an eighth of magnitude 64 to 1024, either sign, the rest 3*N(0,1)."""
+    dev = gen.device
+    x = torch.randn(n, generator=gen, dtype=wide, device=dev) * 3
+    kind = torch.randint(0, 8, (n,), generator=gen, device=dev)
+    u = torch.rand(n, generator=gen, dtype=wide, device=dev)
+    sign = torch.where(torch.rand(n, generator=gen, dtype=wide, device=dev) < 0.5, -1.0, 1.0).to(wide)
+    edge = math.log(torch.finfo(dtype).max)
+    x = torch.where(kind == 0, torch.zeros_like(x), x)
+    x = torch.where(kind == 1, sign * (edge - 3 + 4 * u), x)
+    return torch.where(kind == 2, sign * (64 + 960 * u), x)
 
 
 def generator(device: str, seed: int) -> torch.Generator:
@@ -185,14 +208,14 @@ def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[],
            ref: Reference, inputs_meta: tuple[TensorMeta, ...], outputs_meta: tuple[TensorMeta, ...],
            device: str, seed: int, sync: Callable[[], None], settle_s: float = 0.0,
            finite_fill: bool = False) -> Verdict:
-    """Run the candidate on three fresh input sets and judge every output; see the module docstring.
+    """Run the candidate on the SETS fresh input sets and judge every output; see the module docstring.
     `settle_s`: after each call, wait this long and fail an output that changed meanwhile (work left
     running on a thread or stream after the call returned). `finite_fill`: outputs pre-filled with finite random
     values instead of the poison (see Guarded)."""
     detail: dict[str, Any] = {"sets": []}
     previous: list[torch.Tensor] | None = None
-    ref_prev: list[torch.Tensor] = []
-    for k in range(len(SCALES)):
+    ref_prev: list[tuple[torch.Tensor, torch.Tensor]] = []  # the previous set's eager outputs, judged masks
+    for k in range(SETS):
         gen = generator(device, seed * 1000 + k)
         inputs = [make_input(m, k, gen, device) for m in inputs_meta]
         saved = [x.clone() for x in inputs]
@@ -212,44 +235,68 @@ def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[],
             for j, (x, s) in enumerate(zip(inputs, saved, strict=True)):
                 if not torch.equal(x, s):
                     return Verdict(Status.INPUT_MUTATED, f"input {j} changed during the call", detail)
-            out = o.tensor
-            hi = h.to(out.dtype) if h.dtype != out.dtype else h
-            finite = torch.isfinite(hi) if hi.is_floating_point() else torch.ones_like(hi, dtype=torch.bool)
+            out, finite = o.tensor, judged(e, h, o.tensor.dtype)
             left = o.poisoned() & finite
             if left.any():
                 n = int(left.sum())
                 return Verdict(Status.PARTIAL_WRITE, f"{name}: {n} of {m.numel} elements never written",
                                detail)
-            if out.is_floating_point():
-                bad = ~torch.isfinite(out) & finite
-                if bad.any():
-                    return Verdict(Status.NONFINITE, f"{name}: {int(bad.sum())} NaN/Inf where the reference "
-                                   "is finite", detail)
-            if previous is not None and torch.equal(out, previous[i]) and not torch.equal(e, ref_prev[i]):
+            bad = nonfinite(name, out, finite)
+            if bad is not None:
+                return replace(bad, detail=detail)
+            # on the judged elements only: where eager is NaN, any output is as good as eager's
+            o_j, e_j = out[finite], e[finite]
+            both = finite & ref_prev[i][1] if previous is not None else finite
+            if previous is not None and both.any() and torch.equal(out[both], previous[i][both]) \
+                    and not torch.equal(e[both], ref_prev[i][0][both]):
                 return Verdict(Status.STALE_RESULT, f"{name}: same output as for the previous, different "
                                "inputs (a cached result)", detail)
-            if out.numel() > 1 and bool((out == out.flatten()[0]).all()) and not bool(
-                    (e == e.flatten()[0]).all()):
-                return Verdict(Status.CONSTANT_OUTPUT, f"{name}: every element is {out.flatten()[0].item()}",
-                               detail)
-            if not out.is_floating_point():
-                if not torch.equal(out, e):
-                    return Verdict(Status.WRONG_RESULT, f"{name}: {int((out != e).sum())} elements differ",
-                                   detail)
-                continue
-            err = rel_error(out, h, finite)
-            eager_err = rel_error(e, h, finite)
-            tol = max(TOLERANCE.get(m.dtype, 1e-4), 2 * eager_err)
-            row.update({f"err{i}": err, f"eager_err{i}": eager_err, f"tol{i}": tol})
-            if err > tol:
-                band = max(LOW_PRECISION_BAND.get(m.dtype, 0.05), 2 * tol)
-                status = Status.LOW_PRECISION if err <= band else Status.WRONG_RESULT
-                kind = "looks computed in a lower precision than asked: " if status is Status.LOW_PRECISION \
-                    else ""
-                return Verdict(status, f"{name}: {kind}error {err:.3g} > tolerance {tol:.3g} "
-                               f"(set {k}, eager's error {eager_err:.3g})", detail)
+            if o_j.numel() > 1 and bool((o_j == o_j[0]).all()) and not bool((e_j == e_j[0]).all()):
+                return Verdict(Status.CONSTANT_OUTPUT, f"{name}: every element is {o_j[0].item()}", detail)
+            wrong = within_tolerance(name, out, e, h, finite, m.dtype, row, f"set {k}", i)
+            if wrong is not None:
+                return replace(wrong, detail=detail)
         previous = [o.tensor.clone() for o in outs]
-        ref_prev = eager
+        ref_prev = [(e, judged(e, h, o.tensor.dtype)) for o, e, h in zip(outs, eager, high, strict=True)]
     detail["max_err"] = max((v for r in detail["sets"] for kk, v in r.items() if kk.startswith("err")),
                             default=0.0)
     return Verdict(Status.OK, "", detail)
+
+
+def judged(eager: torch.Tensor, high: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Where an output is judged: where the higher-precision reference (in the output dtype) and eager's
+    own result are finite (a kernel as exact as eager passes even where eager overflows)."""
+    if not high.is_floating_point():
+        return torch.ones_like(high, dtype=torch.bool)
+    hi = high.to(dtype) if high.dtype != dtype else high
+    return torch.isfinite(hi) & torch.isfinite(eager)
+
+
+def nonfinite(name: str, out: torch.Tensor, finite: torch.Tensor) -> Verdict | None:
+    """A `nonfinite` verdict where the output has NaN/Inf at a judged element, else None."""
+    if out.is_floating_point():
+        bad = ~torch.isfinite(out) & finite
+        if bad.any():
+            return Verdict(Status.NONFINITE, f"{name}: {int(bad.sum())} NaN/Inf where the reference is finite")
+    return None
+
+
+def within_tolerance(name: str, out: torch.Tensor, eager: torch.Tensor, high: torch.Tensor,
+                     finite: torch.Tensor, dtype: str, row: dict[str, Any], where: str, i: int) -> Verdict | None:
+    """None when the output is equal (integers) or within tolerance of `high` (floats; the error and
+    tolerance go into `row`), else the `wrong_result` or `low_precision` verdict."""
+    if not out.is_floating_point():
+        if torch.equal(out, eager):
+            return None
+        return Verdict(Status.WRONG_RESULT, f"{name}: {int((out != eager).sum())} elements differ ({where})")
+    err = rel_error(out, high, finite)
+    eager_err = rel_error(eager, high, finite)
+    tol = max(TOLERANCE.get(dtype, 1e-4), 2 * eager_err)
+    row.update({f"err{i}": err, f"eager_err{i}": eager_err, f"tol{i}": tol})
+    if err <= tol:
+        return None
+    band = max(LOW_PRECISION_BAND.get(dtype, 0.05), 2 * tol)
+    status = Status.LOW_PRECISION if err <= band else Status.WRONG_RESULT
+    kind = "looks computed in a lower precision than asked: " if status is Status.LOW_PRECISION else ""
+    return Verdict(status, f"{name}: {kind}error {err:.3g} > tolerance {tol:.3g} ({where}, eager's error "
+                   f"{eager_err:.3g})")

@@ -21,6 +21,7 @@ import torch
 from forge.bench import DEFAULT_BENCH, BenchConfig, Clock, interleaved, measure_bandwidth
 from forge.kernel import EvalResult, Status, TaskSpec
 from forge.launch import ForbiddenTorch, Launcher, LaunchError, call_on
+from forge.spotcheck import SpotCheck
 from forge.verify import Reference, generator, make_input, verify
 
 
@@ -77,14 +78,16 @@ def handle(req: EvalRequest, st: _State) -> tuple[EvalResult, bool]:
         gen = generator(st.device, req.seed * 1000 + 7)
         inputs = [make_input(m, 0, gen, st.device) for m in req.task.inputs]
         outputs = [torch.empty(m.shape, dtype=m.torch_dtype, device=st.device) for m in req.task.outputs]
-        eager, call, shapes = ref.eager, call_on(launcher, req.task.inputs, req.task.outputs), \
-            [(m.shape, m.torch_dtype) for m in req.task.outputs]
-
-        def cand() -> None:  # as eager and as dispatched: fresh outputs every call (a fair clock)
-            call(inputs, [torch.empty(s, dtype=d, device=st.device) for s, d in shapes])
-
+        eager = ref.eager
+        # Every timed call into fresh outputs (a fair clock, as eager and the dispatcher have), on inputs
+        # perturbed before each round; random calls kept and judged after timing (forge.spotcheck).
+        spot = SpotCheck(inputs, req.task.outputs, 3 + req.bench.min_runs, st.device)
+        cand = spot.wrap(call_on(launcher, req.task.inputs, req.task.outputs))
         with torch.no_grad():
-            timing, baseline = interleaved(st.clock, [cand, lambda: eager(*inputs)], req.bench)
+            timing, baseline = interleaved(st.clock, [cand, lambda: eager(*inputs)], req.bench, spot.prepare)
+            wrong = spot.judge(ref)
+        if wrong is not None:
+            return result(wrong.status, wrong.message, verify={**verdict.detail, "timed": wrong.detail}), False
         # Twice on the same buffers, poisoned in between: a kernel that skips work on a repeated call (the
         # allocator often hands a dispatched kernel the same output addresses) fails here.
         again = launcher.bind(inputs, outputs)
@@ -99,7 +102,7 @@ def handle(req: EvalRequest, st: _State) -> tuple[EvalResult, bool]:
             if o.is_floating_point() and bool((o.isnan() & ~e.isnan()).any()):
                 return result(Status.STALE_RESULT, f"output {i}: not written when called again on the same "
                               "buffers (skips work on repeated calls)", verify=verdict.detail), False
-        # The calls judged are not only the first three: three more sets, from a seed drawn here, after all
+        # The calls judged are not only the first ones: the sets again, from a seed drawn here, after all
         # the timed calls, into outputs holding finite values (not the NaN poison a kernel could look for),
         # each output watched for a moment after its call returned.
         late = verify(lambda i, o: launcher.bind(i, o, guard=True), ref, req.task.inputs, req.task.outputs,

@@ -46,6 +46,9 @@ C_KINDS = {
     "read_env_or_file": "forbidden_io", "huge_allocation": "forbidden_alloc", "timer": "forbidden_timer",
     "skip_repeat": "stale_result", "malloc_via_pointer": "forbidden_alloc", "recognises_judge": "wrong_result",
     "drift_after_judging": "wrong_result", "checks_for_poison": "wrong_result",
+    # the hard input values (zeros, exp's overflow edge, large magnitudes) and the timed calls judged
+    "nan_at_zero": "nonfinite", "clamps_large": "wrong_result", "overflowing_exp": "nonfinite",
+    "caches_on_samples": "wrong_result",
 }
 # CPU kernels whose source passes the text checks and whose built library does not (forge.elfcheck).
 BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_concurrency",

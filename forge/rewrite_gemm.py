@@ -5,8 +5,9 @@
   cannot take it, ATen runs addmm + tanh GELU. CUDA only: ATen's CPU `_addmm_activation` applies the exact
   (erf) GELU instead.
 - `attention-gemm`: scaled dot-product attention with a head wider than the fused attention kernels take
-  (> 256: only the memory-efficient kernel runs it, far from the GEMM's rate) becomes two batched GEMMs
-  around a softmax: scores in float32 (`bmm` with a float32 result on CUDA), softmax in float32, the
+  (> 256: only the memory-efficient kernel runs it, far from the GEMM's rate; Gemma 4's global layers, the
+  SD3.5 VAE's mid-block) becomes two batched GEMMs around a (masked) softmax: scores in float32 (`bmm`
+  with a float32 result on CUDA), softmax in float32, the
   probabilities in the value's dtype, as flash attention rounds them. Queries go in chunks so that the
   scores of one chunk stay under CHUNK elements.
 """
@@ -61,7 +62,7 @@ def _approximate(gelu: torch.fx.Node) -> str:
 
 
 class AttentionGemm(Rewrite):
-    """Unmasked, non-causal attention with a head wider than WIDE -> attention_by_gemm."""
+    """Attention (masked, causal or grouped too; no dropout) with a head wider than WIDE -> attention_by_gemm."""
 
     name = "attention-gemm"
 
@@ -72,15 +73,18 @@ class AttentionGemm(Rewrite):
                 continue
             names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
             call = dict(zip(names, sdpa.args, strict=False)) | dict(sdpa.kwargs)
-            q, k = (call[n].meta.get("val") for n in ("query", "key"))
-            if call.get("attn_mask") is not None or call.get("dropout_p", 0.0) or call.get("is_causal") or \
-                    call.get("enable_gqa") or not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+            q, k, v = (call[n].meta.get("val") for n in ("query", "key", "value"))
+            mask = call.get("attn_mask")
+            if call.get("dropout_p", 0.0) or not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or \
+                    (mask is not None and not isinstance(mask, torch.fx.Node)):
                 continue
-            if q.dim() < 3 or q.shape[:-2] != k.shape[:-2] or q.shape[-1] <= WIDE or \
-                    q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            if q.dim() < 3 or q.shape[-1] <= WIDE or q.dtype not in (torch.float32, torch.float16, torch.bfloat16) \
+                    or not _heads_fit(q, k, v, bool(call.get("enable_gqa"))):
                 continue
-            new = g.call(attention_by_gemm, (call["query"], call["key"], call["value"], call.get("scale")), sdpa,
-                         like=sdpa)
+            if call.get("is_causal") and mask is not None:
+                continue  # SDPA refuses both
+            new = g.call(attention_by_gemm, (call["query"], call["key"], call["value"], mask, call.get("scale"),
+                                             bool(call.get("is_causal"))), sdpa, like=sdpa)
             sdpa.replace_all_uses_with(new)
             g.graph.erase_node(sdpa)  # tagged nondeterministic (dropout): dead-code elimination keeps it
             sites += 1
@@ -89,19 +93,44 @@ class AttentionGemm(Rewrite):
         return sites
 
 
-def attention_by_gemm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale) v (scale: 1/sqrt(head width) by default) as batched GEMMs, queries in chunks."""
+def _heads_fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> bool:
+    """The leading dimensions agree, or (grouped-query attention) only the head counts differ, evenly."""
+    if k.shape[:-2] != v.shape[:-2] or k.shape[-1] != q.shape[-1]:
+        return False
+    if q.shape[:-2] == k.shape[:-2]:
+        return True
+    return gqa and q.dim() >= 4 and q.shape[:-3] == k.shape[:-3] and q.shape[-3] % k.shape[-3] == 0
+
+
+def attention_by_gemm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                      scale: float | None = None, causal: bool = False) -> torch.Tensor:
+    """SDPA's softmax(q k^T * scale + mask) v as batched GEMMs, queries in chunks. `mask`: boolean (True takes
+    part) or added to the scores, broadcast to (..., queries, keys); `causal`: the top-left lower triangle.
+    Heads that read one key/value head (grouped-query attention, or keys expanded over the heads with
+    stride 0) share one GEMM: their queries are rows of the same product."""
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    lead, n_q, n_kv = q.shape[:-2], q.shape[-2], k.shape[-2]
-    q3, v3 = q.reshape(-1, n_q, q.shape[-1]), v.reshape(-1, n_kv, v.shape[-1])
-    kt = k.reshape(-1, n_kv, k.shape[-1]).transpose(1, 2)
-    rows = max(1, CHUNK // max(1, q3.shape[0] * n_kv))
+    *lead, n_q, e = q.shape
+    n_kv, ev = k.shape[-2], v.shape[-1]
+    if q.dim() >= 4 and k.stride(-3) == 0 and v.stride(-3) == 0:  # one key/value head read by every head
+        k, v = k.narrow(-3, 0, 1), v.narrow(-3, 0, 1)
+    kv_heads = k.shape[-3] if q.dim() >= 4 else 1
+    group = (q.shape[-3] // kv_heads) if q.dim() >= 4 else 1  # query heads per key/value head
+    b = math.prod(lead) // group  # GEMMs in the batch: one per key/value head
+    q5 = q.reshape(b, group, n_q, e)
+    kt, v3 = k.reshape(b, n_kv, e).transpose(1, 2), v.reshape(b, n_kv, ev)
+    if causal:
+        mask = torch.ones(n_q, n_kv, dtype=torch.bool, device=q.device).tril()
+    rows = max(1, CHUNK // max(1, math.prod(lead) * n_kv))
     outs = []
     for i in range(0, n_q, rows):
-        scores = _scores(q3[:, i:i + rows], kt)
-        outs.append(torch.bmm(torch.softmax(scores * scale, -1).to(v.dtype), v3))
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
-    return out.reshape(*lead, n_q, v.shape[-1])
+        r = min(rows, n_q - i)
+        scores = _scores(q5[:, :, i:i + r].reshape(b, group * r, e), kt).view(*lead, r, n_kv) * scale
+        if mask is not None:
+            part = mask[..., i:i + r, :]
+            scores = scores.masked_fill(~part, float("-inf")) if part.dtype == torch.bool else scores + part
+        probs = torch.softmax(scores, -1).to(v.dtype).view(b, group * r, n_kv)
+        outs.append(torch.bmm(probs, v3).view(*lead, r, ev))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, -2)
 
 
 def _scores(q: torch.Tensor, kt: torch.Tensor) -> torch.Tensor:

@@ -78,19 +78,55 @@ def test_attention_gemm_matches_sdpa_on_wide_heads_with_chunk_tails(monkeypatch,
         torch.testing.assert_close(opt(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("width, kw", [(64, {}), (260, {"is_causal": True})])
-def test_attention_gemm_leaves_narrow_heads_and_causal_attention_alone(width, kw):
-    inputs = _qkv(1, 2, 9, 9, width, width, False)
-    _, sites, targets = _rewritten(Attention(**kw), inputs, "attention-gemm")
+def test_attention_gemm_leaves_narrow_heads_alone():
+    inputs = _qkv(1, 2, 9, 9, 64, 64, False)
+    _, sites, targets = _rewritten(Attention(), inputs, "attention-gemm")
     assert sites == 0 and aten.scaled_dot_product_attention.default in targets
 
 
-def test_attention_gemm_leaves_masked_attention_alone():
-    class Masked(nn.Module):
-        def forward(self, q, k, v, m):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-    inputs = [*_qkv(1, 2, 9, 9, 260, 260, False), torch.randn(9, 9)]
-    assert _rewritten(Masked(), inputs, "attention-gemm")[1] == 0
+class Masked(nn.Module):
+    def forward(self, q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=1.0) + 1
+
+
+class Expanded(nn.Module):
+    """Gemma's global layers: one key/value head expanded over the query heads (stride 0), a boolean mask
+    [1, 1, queries, keys] expanded too, scale 1."""
+
+    def forward(self, q, k, v, m):
+        h = q.shape[1]
+        k, v = k.expand(-1, h, -1, -1), v.expand(-1, h, -1, -1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m.expand(1, -1, -1, -1), scale=1.0)
+
+
+def _causal_bool(n_q: int, n_kv: int) -> torch.Tensor:
+    """A boolean mask with every row taking part somewhere: causal plus random holes off the diagonal."""
+    m = torch.ones(n_q, n_kv, dtype=torch.bool).tril() & (torch.rand(n_q, n_kv) > 0.3)
+    return m | torch.eye(n_q, n_kv, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("chunk", [1 << 26, 4 * 29 * 3])
+@pytest.mark.parametrize("case", ["causal", "bool", "float", "expanded", "gqa"])
+def test_attention_gemm_matches_masked_causal_and_grouped_attention(monkeypatch, case, chunk):
+    torch.manual_seed(3)
+    monkeypatch.setattr(rg, "CHUNK", chunk)  # 3 query rows a chunk over 4 heads (a tail of 1 of 37)
+    if case == "causal":
+        model, inputs = Attention(0.2, is_causal=True), _qkv(2, 4, 37, 29, 260, 33, True)
+    elif case in ("bool", "float"):
+        m = _causal_bool(37, 29)
+        if case == "float":
+            m = torch.where(m, torch.randn(37, 29), float("-inf"))
+        model, inputs = Masked(), [*_qkv(2, 4, 37, 29, 260, 33, True), m]
+    elif case == "expanded":
+        q, k, v = _qkv(1, 4, 37, 29, 260, 260, True)
+        model, inputs = Expanded(), [q, k[:, :1], v[:, :1], _causal_bool(37, 29)[None, None]]
+    else:
+        q, k, v = _qkv(2, 4, 37, 29, 260, 33, True)
+        model, inputs = Attention(enable_gqa=True), [q, k[:, :2], v[:, :2]]
+    opt, sites, targets = _rewritten(model, inputs, "attention-gemm")
+    assert sites == 1 and aten.scaled_dot_product_attention.default not in targets
+    with torch.no_grad():
+        torch.testing.assert_close(opt(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.cuda
@@ -102,6 +138,12 @@ def test_gemm_rewrites_run_and_match_eager_on_the_gpu(dtype):
     assert sites == 1
     with torch.no_grad():
         torch.testing.assert_close(opt(*inputs), Attention()(*inputs), rtol=2e-2, atol=2e-2)
+    q, k, v = (t.to("cuda", dtype) for t in _qkv(1, 8, 1000, 1000, 512, 512, True))
+    inputs = [q, k[:, :1], v[:, :1], _causal_bool(1000, 1000)[None, None].cuda()]
+    opt, sites, _ = _rewritten(Expanded(), inputs, "attention-gemm")
+    assert sites == 1
+    with torch.no_grad():
+        torch.testing.assert_close(opt(*inputs), Expanded()(*inputs), rtol=2e-2, atol=2e-2)
     model = Mlp().to("cuda", dtype).eval()
     x = torch.randn(64, 19, device="cuda", dtype=dtype)
     opt, sites, _ = _rewritten(model, [x], "gelu-epilogue", device="cuda")

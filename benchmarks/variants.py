@@ -7,6 +7,8 @@ on fresh inputs. One model a process (`--models` takes one; h200_variants.sh loo
 
     python benchmarks/variants.py --device cuda --dtype bf16 --models resnet50 --json out/resnet50.json
     python benchmarks/variants.py --device cpu --models resnet50 --batch 2 --resolution 64 --no-compile   # smoke
+    python benchmarks/variants.py --models gemma4 --no-compile --variants @inductor-cuda-graph \
+        attention-gemm@inductor-cuda-graph   # just these variants (REWRITE+REWRITE@RUNTIME), in this order
 
 Prints a markdown table and writes --json rows.
 """
@@ -29,7 +31,7 @@ from provenance import stamp  # noqa: E402  (benchmarks/, on sys.path as the scr
 
 from forge.endtoend import interleaved_ms  # noqa: E402
 from forge.model_input import load_zoo  # noqa: E402
-from forge.variants import choose  # noqa: E402
+from forge.variants import Variant, choose, measure  # noqa: E402
 
 
 def baselines(loaded: Any, row: dict, freezing: bool) -> None:
@@ -56,6 +58,12 @@ def baselines(loaded: Any, row: dict, freezing: bool) -> None:
         torch._dynamo.reset()
 
 
+def _variant(spec: str) -> Variant:
+    """'fold-bn+channels-last@cuda-graph' -> that variant without kernels ('@inductor': the model compiled)."""
+    rewrites, _, runtime = spec.partition("@")
+    return Variant(False, tuple(r for r in rewrites.split("+") if r), runtime or "cuda-graph")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["resnet50"])
@@ -65,6 +73,8 @@ def main() -> int:
     p.add_argument("--freezing", action="store_true", help="also torch.compile with Inductor's freezing")
     for name in ("layers", "batch", "seq", "resolution"):
         p.add_argument(f"--{name}", type=int)
+    p.add_argument("--variants", nargs="+", metavar="REWRITES@RUNTIME",
+                   help="measure just these variants (no kernels), e.g. attention-gemm@inductor-cuda-graph")
     p.add_argument("--json")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -86,7 +96,11 @@ def main() -> int:
                 baselines(loaded, row, args.freezing)
                 save()
             start = time.monotonic()
-            best, tried = choose(loaded.model, loaded.inputs, [], args.device, compile=args.compile)
+            if args.variants:
+                tried = [measure(loaded.model, loaded.inputs, [], _variant(v), args.device)[0] for v in args.variants]
+                best = min(tried, key=lambda m: m.ms if m.ok else float("inf"))
+            else:
+                best, tried = choose(loaded.model, loaded.inputs, [], args.device, compile=args.compile)
             row.update(best=best.to_json(), tried=[m.to_json() for m in tried], choose_s=time.monotonic() - start)
         except Exception as e:  # noqa: BLE001 - keep what was measured
             logging.exception("%s failed", name)

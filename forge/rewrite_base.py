@@ -72,6 +72,9 @@ class Rewrite(ABC):
 
     name: str = ""
     devices: tuple[str, ...] = ("cpu", "cuda")
+    # The rewrite leaves passes that only a fusing compiler makes one (a softmax around GEMMs): without
+    # Inductor it may not pay, so forge.variants also judges it compiled.
+    pays_compiled: bool = False
 
     def applies_to(self, device: str) -> bool:
         """Whether the rewrite is for this device type."""

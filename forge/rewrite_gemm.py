@@ -65,6 +65,7 @@ class AttentionGemm(Rewrite):
     """Attention (masked, causal or grouped too; no dropout) with a head wider than WIDE -> attention_by_gemm."""
 
     name = "attention-gemm"
+    pays_compiled = True  # scale, mask, softmax and cast: four passes over the scores eager, one compiled
 
     def apply(self, g: Graph) -> int:
         sites = 0

@@ -13,10 +13,12 @@ A variant is which found kernels it uses (all, or none), which whole-graph rewri
 process, outputs compared on fresh inputs), two chains: without the found kernels and with them. Each
 starts on the runtime without compilation (a CUDA graph on CUDA); each rewrite that applies is added and
 kept only if the forward got faster by more than the timing noise, outputs matching. Then, when allowed and
-time is left, the end of each chain is compiled by Inductor. Variants are compared by their own times,
-not by their ratios to eager: a launch-bound eager forward varies far more between measurements (4.3 to
-7.5 ms for ResNet-50 bf16 on an H200, in one run) than a replayed graph does. A variant that fails to
-build or run is recorded with its error and not kept.
+time is left, the end of each chain is compiled by Inductor, fastest chain first, with the rewrites that
+pay only compiled (`Rewrite.pays_compiled`: attention as GEMMs around a softmax, whose passes Inductor
+fuses) added where they applied; then the chain ends without them, time permitting. Variants are compared
+by their own times, not by their ratios to eager: a launch-bound eager forward varies far more between
+measurements (4.3 to 7.5 ms for ResNet-50 bf16 on an H200, in one run) than a replayed graph does. A
+variant that fails to build or run is recorded with its error and not kept.
 """
 
 from __future__ import annotations
@@ -235,16 +237,22 @@ def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtif
     return Measured(variant, eager_ms, ms, match, err, peak, sites), fn
 
 
-def _greedy(run: Callable[..., Measured], kernels: bool, names: tuple[str, ...], cuda: bool) -> Measured:
-    """Rewrites added one at a time on the runtime without compilation, each kept if the forward got faster."""
+def _greedy(run: Callable[..., Measured], kernels: bool, names: tuple[str, ...], cuda: bool
+            ) -> tuple[Measured, tuple[str, ...]]:
+    """Rewrites added one at a time on the runtime without compilation, each kept if the forward got faster;
+    (the best, the rewrites that pay only compiled (Rewrite.pays_compiled) which rewrote something with
+    outputs matching but were not kept: the compiled stage judges them again)."""
     best = run(Variant(kernels, (), "cuda-graph" if cuda else "graph"))
     if cuda and not best.ok:  # not capturable as a CUDA graph: the graph runtime (kept on a tie of failures)
         best = min(run(Variant(kernels, (), "graph")), best, key=_time)
+    later: list[str] = []
     for name in names:
         m = run(replace(best.variant, rewrites=(*best.variant.rewrites, name)), need=name)
         if m.ok and _time(m) < _time(best) * GAIN:
             best = m
-    return best
+        elif m.ok and REWRITES[name].pays_compiled:
+            later.append(name)
+    return best, tuple(later)
 
 
 def _time(m: Measured) -> float:
@@ -274,12 +282,17 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     # One greedy chain without the kernels (a rewrite then reaches every site) and one with them: a kernel
     # that swallows a BatchNorm leaves nothing to fold, so the chains end in different places.
     heads = [_greedy(run, False, names, cuda)] + ([_greedy(run, True, names, cuda)] if kernels else [])
-    heads.sort(key=_time)
-    best = heads[0]
+    heads.sort(key=lambda h: _time(h[0]))
+    best = heads[0][0]
     runtime = "inductor-cuda-graph" if cuda else "inductor"
-    for head in heads if compile else []:
+    # Compiled, most promising first (a deadline may stop them): each head with the rewrites that pay only
+    # compiled, then the heads as they are where that differs.
+    compiled = [replace(h.variant, rewrites=parse((*h.variant.rewrites, *later)), runtime=runtime)
+                for h, later in heads]
+    compiled += [replace(h.variant, runtime=runtime) for h, later in heads if later]
+    for v in compiled if compile else []:
         if deadline is not None and time.monotonic() > deadline:
             break
-        run(replace(head.variant, runtime=runtime))  # a failed head is compiled too: Inductor may run it
+        run(v)  # a failed head is compiled too: Inductor may run it
     # the fastest that ran, of the variants that are something other than eager by another name
     return min((m for m in tried if m.ok and m.variant != TRIVIAL), key=_time, default=best), tried

@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from forge.bench import DEFAULT_BENCH, BenchConfig, Clock, interleaved, measure_bandwidth
+from forge.capture import TensorMeta
 from forge.kernel import EvalResult, Status, TaskSpec
 from forge.launch import ForbiddenTorch, Launcher, LaunchError, call_on
 from forge.spotcheck import SpotCheck
@@ -55,6 +56,26 @@ def _is_cuda_fault(e: BaseException) -> bool:
                                    "unspecified launch failure", "illegal instruction", "device-side assert"))
 
 
+def _skips_repeats(launcher: Launcher, inputs: list[torch.Tensor], metas: tuple[TensorMeta, ...],
+                   ref: Reference, st: _State) -> str:
+    """Called twice on the same buffers, poisoned in between: what a kernel that skips work on a repeated
+    call left unwritten (the allocator often hands a dispatched kernel the same output addresses), or ""."""
+    outputs = [torch.empty(m.shape, dtype=m.torch_dtype, device=st.device) for m in metas]
+    again = launcher.bind(inputs, outputs)
+    again()
+    st.sync()
+    for o in outputs:
+        o.fill_(float("nan") if o.is_floating_point() else 0x5A)
+    again()
+    st.sync()
+    with torch.no_grad():
+        eager_out = ref.eager(*inputs)
+    for i, (o, e) in enumerate(zip(outputs, eager_out, strict=True)):
+        if o.is_floating_point() and bool((o.isnan() & ~e.isnan()).any()):
+            return f"output {i}: not written when called again on the same buffers (skips work on repeated calls)"
+    return ""
+
+
 def handle(req: EvalRequest, st: _State) -> tuple[EvalResult, bool]:
     """One request -> (result, fatal); fatal means the device context is broken and the worker must exit."""
     start = time.perf_counter()
@@ -77,31 +98,18 @@ def handle(req: EvalRequest, st: _State) -> tuple[EvalResult, bool]:
             st.bandwidth = measure_bandwidth(st.device)
         gen = generator(st.device, req.seed * 1000 + 7)
         inputs = [make_input(m, 0, gen, st.device) for m in req.task.inputs]
-        outputs = [torch.empty(m.shape, dtype=m.torch_dtype, device=st.device) for m in req.task.outputs]
-        eager = ref.eager
+        skipped = _skips_repeats(launcher, inputs, req.task.outputs, ref, st)
+        if skipped:
+            return result(Status.STALE_RESULT, skipped, verify=verdict.detail), False
         # Every timed call into fresh outputs (a fair clock, as eager and the dispatcher have), on inputs
         # perturbed before each round; random calls kept and judged after timing (forge.spotcheck).
         spot = SpotCheck(inputs, req.task.outputs, 3 + req.bench.min_runs, st.device)
-        cand = spot.wrap(call_on(launcher, req.task.inputs, req.task.outputs))
+        cand, eager = spot.wrap(call_on(launcher, req.task.inputs, req.task.outputs)), ref.eager
         with torch.no_grad():
             timing, baseline = interleaved(st.clock, [cand, lambda: eager(*inputs)], req.bench, spot.prepare)
             wrong = spot.judge(ref)
         if wrong is not None:
             return result(wrong.status, wrong.message, verify={**verdict.detail, "timed": wrong.detail}), False
-        # Twice on the same buffers, poisoned in between: a kernel that skips work on a repeated call (the
-        # allocator often hands a dispatched kernel the same output addresses) fails here.
-        again = launcher.bind(inputs, outputs)
-        again()
-        st.sync()
-        for o in outputs:
-            o.fill_(float("nan") if o.is_floating_point() else 0x5A)
-        again()
-        st.sync()
-        eager_out = eager(*inputs)
-        for i, (o, e) in enumerate(zip(outputs, eager_out, strict=True)):
-            if o.is_floating_point() and bool((o.isnan() & ~e.isnan()).any()):
-                return result(Status.STALE_RESULT, f"output {i}: not written when called again on the same "
-                              "buffers (skips work on repeated calls)", verify=verdict.detail), False
         # The calls judged are not only the first ones: the sets again, from a seed drawn here, after all
         # the timed calls, into outputs holding finite values (not the NaN poison a kernel could look for),
         # each output watched for a moment after its call returned.

@@ -74,8 +74,10 @@ def test_optimize_on_the_gpu_generates_cuda_kernels_and_keeps_outputs(tmp_path, 
         with torch.no_grad():
             got, want = opt(x), loaded.model(x)
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
-    if report["applied"]:
+    if report["applied"] and report["variant"]["kernels"]:  # the fastest variant may be one without them
         assert opt.counters() and all(c.hits >= 1 and not c.fallbacks for c in opt.counters().values())
+    else:
+        assert not opt.counters()
 
 
 @pytest.mark.cuda

@@ -246,3 +246,22 @@ def test_an_artifact_with_a_variant_loads_as_that_variant(tmp_path):
     artifact.save(bad, [], {"variant": {"kernels": False, "rewrites": ["fold-all"], "runtime": "graph"}})
     with pytest.raises(ValueError, match="Invalid artifact .*fold-all"):
         forge.load(bad, model, [x])
+
+
+def test_a_rewrite_that_pays_only_compiled_is_judged_compiled_first(monkeypatch):
+    """attention-gemm not kept on the graph runtime (here: nothing is kept) is still compiled with the chain's
+    end, before the chain's end alone, and the result is the fastest of all measured."""
+    import forge.variants as variants
+
+    class Wide(nn.Module):
+        def forward(self, q, k, v):
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
+
+    torch.manual_seed(7)
+    monkeypatch.setattr(variants, "GAIN", 0.0)  # no rewrite beats the plain graph by that much
+    inputs = [torch.randn(1, 2, 33, 260) for _ in range(3)]
+    best, tried = choose(Wide(), inputs, [], "cpu", rewrites=("attention-gemm",))
+    names = [m.variant.name for m in tried]
+    assert names == ["eager graph, graph", "attention-gemm, graph", "attention-gemm, inductor", "model, inductor"]
+    assert all(m.ok for m in tried), [m.error for m in tried]
+    assert best is min(tried[1:], key=lambda m: m.ms)

@@ -5,7 +5,7 @@
 # into .whl/ (ignored by git: add /.whl/ to .git/info/exclude) and name .whl in the run's carry:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
-#     sqlalchemy==2.1.9 greenlet diffusers==0.42.1 importlib_metadata
+#     sqlalchemy==2.1.9 greenlet diffusers==0.42.1 importlib_metadata pyseccomp==0.1.2
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"

@@ -1,10 +1,13 @@
-"""The sandbox of untrusted work: environments by allowlist, resource limits for workers."""
+"""The sandbox of untrusted work: environments by allowlist, resource limits for workers, a non-dumpable
+forge (forge.confine has the workers' system-call filter)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import resource
+import sys
 from collections.abc import Callable
 
 # What a worker or a compiler may see (issue 13: an allowlist, not a denylist): these names, and names with
@@ -50,3 +53,14 @@ def limits(memory_bytes: int | None, cpu_seconds: int | None) -> Callable[[], No
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
     return apply
+
+
+_PR_SET_DUMPABLE = 4
+
+
+def nondumpable() -> None:
+    """Make this process non-dumpable (Linux): its /proc files (environ, mem, maps) then belong to root, so
+    a worker of the same user cannot read forge's environment or memory; no core dumps, and a debugger needs
+    root to attach. Nothing elsewhere."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)

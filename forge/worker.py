@@ -5,7 +5,8 @@ without credentials, in a temporary directory, with its stdout/stderr in a log f
 results are frozen dataclasses sent over a pipe (never tensors). Anything the candidate does that kills
 the process (segfault, abort, illegal address) or hangs it is handled by the parent.
 
-Important: this is the only process that runs candidate code.
+Important: this is the only process that runs candidate code. A CPU worker confines itself with a seccomp
+filter before its first request (forge.confine).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import torch
 
 from forge.bench import DEFAULT_BENCH, BenchConfig, Clock, interleaved, measure_bandwidth
 from forge.capture import TensorMeta
+from forge.confine import available as confine_available
+from forge.confine import confine
 from forge.kernel import EvalResult, Status, TaskSpec
 from forge.launch import ForbiddenTorch, Launcher, LaunchError, call_on
 from forge.spotcheck import SpotCheck
@@ -137,13 +140,21 @@ def handle(req: EvalRequest, st: _State) -> tuple[EvalResult, bool]:
 
 
 def main(argv: list[str]) -> int:
-    """Serve requests until the parent closes the pipe."""
+    """Serve requests until the parent closes the pipe. argv: FD_IN FD_OUT DEVICE [confine]: with `confine`,
+    the worker installs forge.confine's seccomp filter on itself before the first request, once everything
+    it needs is imported and initialised, and tells the parent whether it could ("ready", reason or "")."""
     fd_in, fd_out, device = int(argv[0]), int(argv[1]), argv[2]
     conn_in, conn_out = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
     if device.startswith("cuda"):
         torch.cuda.init()
     st = _State(device)
-    conn_out.send("ready")
+    unconfined = ""
+    if argv[3:] == ["confine"]:
+        unconfined = confine_available()
+        if not unconfined:
+            torch.empty(1, device=device).add_(1)  # the allocator and the thread pool before the filter
+            confine()
+    conn_out.send(("ready", unconfined))
     while True:
         try:
             req = conn_in.recv()

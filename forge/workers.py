@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from forge.kernel import EvalResult, Status
-from forge.sandbox import limits, scrubbed_env
+from forge.sandbox import limits, nondumpable, scrubbed_env
 from forge.worker import EvalRequest
 
 log = logging.getLogger(__name__)
@@ -40,9 +40,13 @@ def _signal_name(code: int | None) -> str:
 class Worker:
     """One worker process for one device; restarted whenever it crashes or hangs."""
 
-    def __init__(self, device: str = "cpu", memory_bytes: int | None = None, start_timeout_s: float = 120.0
-                 ) -> None:
+    def __init__(self, device: str = "cpu", memory_bytes: int | None = None, start_timeout_s: float = 120.0,
+                 confined: bool | None = None) -> None:
+        """`confined`: the worker installs forge.confine's seccomp filter (default: on the CPU; a CUDA worker
+        also runs Triton, whose compiler is a program it starts)."""
         self.device = device
+        self.confined = device == "cpu" if confined is None else confined
+        self.unconfined = ""  # why the worker could not confine itself, when it could not
         self.memory_bytes = memory_bytes
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
@@ -55,6 +59,7 @@ class Worker:
         return Path(self._dir.name) / "worker.log"
 
     def _start(self) -> None:
+        nondumpable()  # a worker that is not root cannot read forge's environment or memory through /proc
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         # HOME is the worker's own folder: credentials kept in files under the user's home (~/.aws, ~/.netrc,
@@ -70,7 +75,8 @@ class Worker:
             dev = "cuda:0"
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "forge.worker", str(req_r), str(res_w), dev],
+            [sys.executable, "-m", "forge.worker", str(req_r), str(res_w), dev,
+             *(["confine"] if self.confined else [])],
             pass_fds=(req_r, res_w), env=scrubbed_env(extra), cwd=self._dir.name, stdin=subprocess.DEVNULL,
             stdout=self.logf, stderr=subprocess.STDOUT, preexec_fn=limits(self.memory_bytes, None))
         os.close(req_r)
@@ -81,7 +87,10 @@ class Worker:
             self._stop()
             raise RuntimeError(f"the {self.device} worker did not start: {self.log_tail()}")
         try:
-            assert self.conn_in.recv() == "ready"
+            ready, self.unconfined = self.conn_in.recv()
+            assert ready == "ready"
+            if self.unconfined:
+                log.warning("the %s worker runs without its seccomp filter: %s", self.device, self.unconfined)
         except EOFError as e:
             code = self.proc.wait() if self.proc else None
             self._stop()
@@ -125,6 +134,10 @@ class Worker:
             code = self.proc.wait(timeout=30)
             tail = self.log_tail()
             self._restart(start_now=False)
+            if code == -signal.SIGSYS and self.confined:
+                return EvalResult(Status.FORBIDDEN_IO, "killed by the sandbox (seccomp): a forbidden system call "
+                                  "(a new process or program, a signal to another process, a socket, a change to "
+                                  "files)", device=self.device, device_s=time.perf_counter() - start)
             status = Status.OUT_OF_MEMORY if "MemoryError" in tail or "bad_alloc" in tail else Status.CRASH
             return EvalResult(status, f"the worker died ({_signal_name(code)})" + (f": {tail}" if tail else ""),
                               device=self.device, device_s=time.perf_counter() - start)

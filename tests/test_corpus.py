@@ -54,6 +54,8 @@ C_KINDS = {
 BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_concurrency",
                 "macro_constructor": "forbidden_code", "exit_handler": "forbidden_code",
                 "raw_syscall": "forbidden_io", "pointer_to_kill": "forbidden_io", "pasted_getenv": "forbidden_io"}
+# CPU kernels that pass the text checks and the built library's: only the worker's seccomp filter stops them.
+RUNTIME_KINDS = {"libc_walk": "forbidden_io"}
 TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",
                 "reads_env": "forbidden_io", "uses_eval": "forbidden_code", "patches_module": "forbidden_code",
                 "import_time_code": "forbidden_code", "patch_in_launch": "forbidden_code",
@@ -109,7 +111,7 @@ def spec() -> TaskSpec:
 # --- the corpus itself ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("folder", "suffix", "kinds"), [("cpu", ".cpp", C_KINDS | BINARY_KINDS),
+@pytest.mark.parametrize(("folder", "suffix", "kinds"), [("cpu", ".cpp", C_KINDS | BINARY_KINDS | RUNTIME_KINDS),
                                                          ("cuda", ".cu", C_KINDS),
                                                          ("triton", ".py", TRITON_KINDS)])
 def test_corpus_is_complete(folder: str, suffix: str, kinds: dict[str, str]) -> None:
@@ -134,7 +136,7 @@ def test_corpus_static_checks(path: Path) -> None:
     """Static kinds are rejected by forge.checks with their status first; no other file has any finding."""
     findings = check(Candidate.from_file(path))
     want = expected(path)
-    if path.stem in BINARY_KINDS:
+    if path.stem in BINARY_KINDS or path.stem in RUNTIME_KINDS:
         assert findings == [], f"{path.name} is meant to pass the text checks: {findings}"
     elif want in STATIC:
         assert findings, f"{path.name}: the static checks found nothing"
@@ -159,6 +161,22 @@ def test_cpu_corpus(path: Path, spec: TaskSpec, cpu_evaluator: Evaluator) -> Non
     assert r.status.value == expected(path), describe(path, r)
     if path.stem == "good":
         assert_good_timing(r)
+
+
+@pytest.mark.parametrize("kind", sorted(RUNTIME_KINDS))
+def test_only_the_seccomp_filter_stops_the_runtime_kinds(kind: str, spec: TaskSpec, tmp_path: Path) -> None:
+    """Built and checked, such a kernel is clean; a worker without the filter accepts it (it ran a program
+    and still computed right), so the filter is what rejects it in test_cpu_corpus."""
+    from forge.elfcheck import check_library
+    from forge.workers import Worker
+
+    cand = Candidate.from_file(CORPUS / "cpu" / f"{kind}.cpp")
+    built = build(cand, cache_dir=tmp_path)
+    assert built.ok and check_library(built.path, "cpu") == []
+    with Evaluator("cpu", timeout_s=15, cache_dir=tmp_path) as ev:
+        ev.worker.close()
+        ev.worker = Worker("cpu", confined=False)
+        assert ev.evaluate(spec, cand).status.value == "ok"
 
 
 @pytest.mark.parametrize("path", params([p for p in CPU_FILES if expected(p) in STATIC

@@ -40,6 +40,7 @@ _BY_KIND: tuple[tuple[Status, str, str], ...] = (
     (Status.FORBIDDEN_ALLOC, "allocates memory", r"alloc|^free$|^_Zn[wa]|^_Zd[la]|mmap|sbrk|^brk$|memalign"),
     (Status.FORBIDDEN_TIMER, "reads or sets timers", r"clock|time|sleep|alarm|itimer"),
     (Status.FORBIDDEN_CODE, "runs code at exit", r"atexit|on_exit|^__cxa_thread_atexit"),
+    (Status.FORBIDDEN_CODE, "calls into the Python interpreter (it could patch the judge)", r"^_?Py"),
 )
 _SYSCALL = {"x86_64": re.compile(r"\t(syscall|sysenter|int\s+\$0x80)\b"), "aarch64": re.compile(r"\tsvc\b")}
 

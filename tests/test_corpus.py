@@ -53,7 +53,10 @@ C_KINDS = {
 # CPU kernels whose source passes the text checks and whose built library does not (forge.elfcheck).
 BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_concurrency",
                 "macro_constructor": "forbidden_code", "exit_handler": "forbidden_code",
-                "raw_syscall": "forbidden_io", "pointer_to_kill": "forbidden_io", "pasted_getenv": "forbidden_io"}
+                "raw_syscall": "forbidden_io", "pointer_to_kill": "forbidden_io", "pasted_getenv": "forbidden_io",
+                "patches_interpreter": "forbidden_code"}
+# CPU kernels the text checks stop (class C of issue 13: the candidate shares the judge's process).
+CPU_KINDS = {"reads_proc_maps": "forbidden_io"}
 # CPU kernels that pass the text checks and the built library's: only the worker's seccomp filter stops them.
 RUNTIME_KINDS = {"libc_walk": "forbidden_io"}
 TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",
@@ -111,9 +114,9 @@ def spec() -> TaskSpec:
 # --- the corpus itself ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("folder", "suffix", "kinds"), [("cpu", ".cpp", C_KINDS | BINARY_KINDS | RUNTIME_KINDS),
-                                                         ("cuda", ".cu", C_KINDS),
-                                                         ("triton", ".py", TRITON_KINDS)])
+@pytest.mark.parametrize(("folder", "suffix", "kinds"), [
+    ("cpu", ".cpp", C_KINDS | BINARY_KINDS | RUNTIME_KINDS | CPU_KINDS), ("cuda", ".cu", C_KINDS),
+    ("triton", ".py", TRITON_KINDS)])
 def test_corpus_is_complete(folder: str, suffix: str, kinds: dict[str, str]) -> None:
     files = sorted((CORPUS / folder).iterdir())
     assert [p.suffix for p in files] == [suffix] * len(files), f"only {suffix} files belong in corpus/{folder}"

@@ -71,6 +71,7 @@ class Candidate:
     source: str
     entry: str = ""  # default: the backend's (forge_launch / launch)
     flags: tuple[str, ...] = ()  # extra compiler flags (cpu, cuda)
+    llm_calls: tuple[int, ...] = field(default=(), compare=False)  # the stored LLM calls it came from
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

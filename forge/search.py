@@ -237,6 +237,7 @@ class TaskSearch:
                                        entry=cand.entry, knobs=knobs_of(node.payload), origin=self.policy.name,
                                        status=res.status.value, visits=1, reward=node.reward)
         self.db_id[node.id] = row.id
+        self.store.link_llm_calls(cand.llm_calls, row.id)  # the prompts and answers behind this node
         self.store.add_evaluation(row.id, **evaluation_fields(res))
 
     def headroom(self, bandwidth: float | None) -> float:

@@ -273,6 +273,15 @@ def test_cli_optimize_through_openai_then_replay_without_network_or_key(tmp_path
     assert report["cost"]["usd"] == pytest.approx(sum(price.cost(c.tokens_in, c.tokens_out) for c in calls))
     assert report["cost"]["usd"] > 0
     assert report["cost"]["tokens_in"] == sum(c.tokens_in for c in calls)
+    # every call is linked to the node its answer became, by the search (nothing here sets a link), and
+    # `forge show` shows that node's prompt and answer
+    assert calls and all(c.candidate_id is not None for c in calls)
+    node = calls[0].candidate_id
+    capsys.readouterr()
+    assert main(["show", report["run_id"], str(node), "--db", str(db)]) == 0
+    shown = capsys.readouterr().out
+    assert "prompt" in shown and "answer" in shown
+    assert calls[0].response.strip().splitlines()[0].strip()[:40] in shown
 
     monkeypatch.delenv("OPENAI_API_KEY")
     out2 = tmp_path / "replay.json"

@@ -32,6 +32,7 @@ class Answer:
     reply: Reply
     source: str
     usd: float
+    call_id: int | None = None  # the stored call (linked to the candidate the answer becomes)
 
 
 class BudgetSpent(LLMError):
@@ -93,7 +94,7 @@ class CallLog:
             reply = self.chat.complete(system.text, [{"role": r, "content": p.text} for r, p in messages],
                                        self.max_tokens)
         except LLMError as e:
-            self._store(h, prompt, str(e), 0, 0, time.perf_counter() - start, 0.0, "error", task_id)
+            e.call_id = self._store(h, prompt, str(e), 0, 0, time.perf_counter() - start, 0.0, "error", task_id)
             raise
         usd = self.price.cost(reply.tokens_in, reply.tokens_out)
         with self._lock:
@@ -104,25 +105,30 @@ class CallLog:
 
     def _record(self, h: str, prompt: str, reply: Reply, usd: float, status: str, task_id: int | None,
                 latency: float) -> Answer:
-        self._store(h, prompt, reply.text, reply.tokens_in, reply.tokens_out, latency, usd, status, task_id)
+        call_id = self._store(h, prompt, reply.text, reply.tokens_in, reply.tokens_out, latency, usd, status,
+                              task_id)
         log.info("%s %s: %d+%d tokens, $%.5f, %.2f s", self.spec.name, status, reply.tokens_in, reply.tokens_out,
                  usd, latency)
         if status in ("refusal", "content_filter", "empty"):
-            raise LLMError(f"{self.spec.name} gave no kernel: "
-                           + ("it refused" if status != "empty" else "the answer was empty")
-                           + (f" ({reply.text.strip()[:200]!r})" if reply.text.strip() else ""))
+            e = LLMError(f"{self.spec.name} gave no kernel: "
+                         + ("it refused" if status != "empty" else "the answer was empty")
+                         + (f" ({reply.text.strip()[:200]!r})" if reply.text.strip() else ""))
+            e.call_id = call_id
+            raise e
         source = {"cached": "cache", "replayed": "replay"}.get(status, "network")
-        return Answer(reply, source, usd)
+        return Answer(reply, source, usd, call_id)
 
     def _store(self, h: str, prompt: str, response: str, tokens_in: int, tokens_out: int, latency: float,
-               usd: float, status: str, task_id: int | None) -> None:
+               usd: float, status: str, task_id: int | None) -> int | None:
+        """Count and store one call; its id in the store (None without one)."""
         with self._lock:
             self.calls += 1
-            if self.store is not None and self.run_id is not None:
-                self.store.add_llm_call(self.run_id, provider=self.spec.provider, model=self.spec.model,
-                                        request_hash=h, prompt=prompt, response=response, tokens_in=tokens_in,
-                                        tokens_out=tokens_out, latency_s=latency, usd=usd, status=status,
-                                        task_id=task_id)
+            if self.store is None or self.run_id is None:
+                return None
+            return self.store.add_llm_call(self.run_id, provider=self.spec.provider, model=self.spec.model,
+                                           request_hash=h, prompt=prompt, response=response, tokens_in=tokens_in,
+                                           tokens_out=tokens_out, latency_s=latency, usd=usd, status=status,
+                                           task_id=task_id).id
 
 
 def _transcript(system: Prompt, messages: list[Message]) -> str:

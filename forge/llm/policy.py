@@ -13,8 +13,9 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from forge.kernel import Candidate, EvalResult, NoKernel, Status, TaskSpec
@@ -202,9 +203,25 @@ class LLMPolicy:
         return idea
 
     def _write(self, messages: list[Message], task_id: int | None) -> tuple[Candidate, str]:
-        """Ask, parse, and give a malformed answer one repair turn; failures become NoKernel."""
+        """Ask, parse, and give a malformed answer one repair turn; failures become NoKernel. The candidate
+        names the stored calls it came from (`Candidate.llm_calls`: the search links them to its node)."""
+        calls: list[int] = []
+
+        def ask(msgs: list[Message]) -> str:
+            try:
+                answer = self.calls.ask(self.system, msgs, task_id)
+            except LLMError as e:
+                calls.extend([e.call_id] if e.call_id is not None else [])
+                raise
+            calls.extend([answer.call_id] if answer.call_id is not None else [])
+            return answer.reply.text
+
+        cand, summary = self._answer(messages, ask)
+        return replace(cand, llm_calls=tuple(calls)), summary
+
+    def _answer(self, messages: list[Message], ask: Callable[[list[Message]], str]) -> tuple[Candidate, str]:
         try:
-            text = self.calls.ask(self.system, messages, task_id).reply.text
+            text = ask(messages)
             try:
                 return parse_answer(text, self.backend), prose(text)
             except Malformed as e:
@@ -212,7 +229,7 @@ class LLMPolicy:
             log.info("malformed answer, one repair turn: %s", first)
             fix = render("repair-format", reason=first, backend=self.backend, lang=LANG[self.backend])
             messages = [*messages, ("assistant", Prompt(text, text)), ("user", fix)]
-            text = self.calls.ask(self.system, messages, task_id).reply.text
+            text = ask(messages)
             try:
                 return parse_answer(text, self.backend), prose(text)
             except Malformed as e:

@@ -30,7 +30,10 @@ _COMPATIBLE = re.compile(r"^(https?://[^/:\s]+(?::\d+)?(?:/[^:\s]*)?):(\S+)$")
 
 
 class LLMError(Exception):
-    """A request that produced no usable answer (after its retries); inside the search, a failed node."""
+    """A request that produced no usable answer (after its retries); inside the search, a failed node.
+    `call_id`: the stored call it came from, when it was stored (linked to the failed node)."""
+
+    call_id: int | None = None
 
 
 @dataclass(frozen=True)

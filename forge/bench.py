@@ -86,13 +86,14 @@ class Clock:
 
 
 def interleaved(clock: Clock, fns: list[Callable[[], object]], cfg: BenchConfig,
-                prepare: Callable[[], None] | None = None) -> list[Timing]:
-    """Time several callables call by call in turn; one Timing each. `prepare`: called before every round
-    (warm-up included), outside the timed region (forge.spotcheck perturbs the inputs there)."""
-    prep = prepare or (lambda: None)
+                prepare: Callable[[bool], None] | None = None) -> list[Timing]:
+    """Time several callables call by call in turn; one Timing each. `prepare(timed)`: called before every
+    round, warm-up (False) and timed (True), outside the timed region (forge.spotcheck perturbs the inputs
+    and draws the calls it keeps there)."""
+    prep = prepare or (lambda timed: None)
 
     def warm() -> None:
-        prep()
+        prep(False)
         for fn in fns:
             fn()
 
@@ -106,7 +107,7 @@ def interleaved(clock: Clock, fns: list[Callable[[], object]], cfg: BenchConfig,
     samples: list[list[float]] = [[] for _ in fns]
     deadline = time.perf_counter() + cfg.budget_s
     while len(samples[0]) < cfg.max_runs and (len(samples[0]) < cfg.min_runs or time.perf_counter() < deadline):
-        prep()
+        prep(True)
         for s, fn in zip(samples, fns, strict=True):
             s.append(clock.time_us(fn))
     return [stats(s) for s in samples]

@@ -7,11 +7,12 @@ binding) that kills the whole process (SIGSYS) on:
 - new processes and programs: execve, execveat, fork, vfork, clone without CLONE_THREAD (threads stay
   allowed: OpenMP; a thread still writing after a call is caught by verification); clone3 answers ENOSYS,
   so that the C library falls back to clone, whose flags the filter can read;
-- other processes: kill and tgkill aimed at any process but the worker itself, tkill, ptrace,
-  process_vm_readv/writev, pidfd calls;
+- other processes: kill, tgkill, rt_sigqueueinfo and rt_tgsigqueueinfo aimed at any process but the
+  worker itself, tkill, ptrace, process_vm_readv/writev, process_madvise, kcmp, pidfd calls;
 - the network: socket, socketpair, connect, bind, listen, accept, accept4;
 - changing files: open, openat and creat for writing or creating, openat2 (ENOSYS: it hides its flags),
-  rename, link, unlink, mkdir, rmdir, chmod, chown, truncate, mknod and their *at forms;
+  rename, link, unlink, mkdir, rmdir, chmod, chown, truncate, ftruncate, fallocate, mknod, extended
+  attributes, file times and their *at forms; io_uring altogether (its operations bypass these rules);
 - the system: mount, umount2, pivot_root, chroot, setns, unshare, namespaces and privileges (setuid and
   kin), module and kexec loading, reboot, swapon/off, bpf, perf_event_open, userfaultfd, keyctl, iopl,
   ioperm, personality, open_by_handle_at.
@@ -42,6 +43,9 @@ _KILLED = (
     "capset", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
     "swapon", "swapoff", "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "iopl",
     "ioperm", "personality", "open_by_handle_at", "name_to_handle_at", "fanotify_init", "quotactl",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "fchmodat2", "setxattr", "lsetxattr", "fsetxattr",
+    "removexattr", "lremovexattr", "fremovexattr", "utime", "utimes", "futimesat", "utimensat", "ftruncate",
+    "fallocate", "process_madvise", "kcmp",
 )
 _ENOSYS = ("clone3", "openat2")
 
@@ -70,8 +74,8 @@ def confine() -> None:
     for name in _ENOSYS:
         _rule(f, sc.ERRNO(errno.ENOSYS), name)
     _rule(f, sc.KILL_PROCESS, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
-    _rule(f, sc.KILL_PROCESS, "kill", sc.Arg(0, sc.NE, me))
-    _rule(f, sc.KILL_PROCESS, "tgkill", sc.Arg(0, sc.NE, me))
+    for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):  # a signal to another process
+        _rule(f, sc.KILL_PROCESS, name, sc.Arg(0, sc.NE, me))
     for flag in _WRITE_FLAGS:
         _rule(f, sc.KILL_PROCESS, "open", sc.Arg(1, sc.MASKED_EQ, flag, flag))
         _rule(f, sc.KILL_PROCESS, "openat", sc.Arg(2, sc.MASKED_EQ, flag, flag))

@@ -121,6 +121,11 @@ def attention_by_gemm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     kt, v3 = k.reshape(b, n_kv, e).transpose(1, 2), v.reshape(b, n_kv, ev)
     if causal:
         mask = torch.ones(n_q, n_kv, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:  # every query row its own mask row, so that a chunk of queries slices it
+        mask = mask.reshape(1, -1) if mask.dim() < 2 else mask
+        mask = mask.expand(*mask.shape[:-2], n_q, n_kv)
+    if n_q == 0:
+        return q.new_empty(*lead, 0, ev)
     rows = max(1, CHUNK // max(1, math.prod(lead) * n_kv))
     outs = []
     for i in range(0, n_q, rows):
@@ -129,8 +134,10 @@ def attention_by_gemm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
         if mask is not None:
             part = mask[..., i:i + r, :]
             scores = scores.masked_fill(~part, float("-inf")) if part.dtype == torch.bool else scores + part
-        probs = torch.softmax(scores, -1).to(v.dtype).view(b, group * r, n_kv)
-        outs.append(torch.bmm(probs, v3).view(*lead, r, ev))
+            probs = aten._safe_softmax(scores, -1)  # a row that takes no key is zeros, as SDPA gives
+        else:
+            probs = torch.softmax(scores, -1)
+        outs.append(torch.bmm(probs.to(v.dtype).view(b, group * r, n_kv), v3).view(*lead, r, ev))
     return outs[0] if len(outs) == 1 else torch.cat(outs, -2)
 
 

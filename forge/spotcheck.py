@@ -2,12 +2,13 @@
 
 A kernel that is right on the calls verification makes and wrong on the others (one that switches to a
 copy after a few calls, drifts a little more every call, or caches its result keyed on a few sampled input
-elements) would be timed doing less than the work. So, before every timed round (warm-up included):
+elements) would be timed doing less than the work. So, before every round (warm-up included):
 - a few input elements at random positions get new values (positions and values from the system's random
   source), so a result cached on anything less than all of the inputs is stale;
-- some calls, drawn at random, are kept: their inputs are copied before the call (outside the timed
-  region) and their outputs kept; after timing each kept output is judged against the reference on its own
-  inputs as verification judges (NaN/Inf, tolerance, integer equality).
+- some timed calls, drawn at random, are kept: one among the first `min_runs` timed rounds (which always
+  happen), later ones with a chance of LATER each; their inputs are copied before the call (outside the
+  timed region) and their outputs kept; after timing each kept output is judged against the reference on
+  its own inputs as verification judges (NaN/Inf, tolerance, integer equality).
 Which calls are kept cannot be told from the call: every call gets fresh outputs and perturbed inputs.
 """
 
@@ -24,7 +25,7 @@ from forge.verify import Reference, Verdict, judged, nonfinite, within_tolerance
 
 _SYSTEM = random.SystemRandom()
 PERTURBED = 8  # input elements changed before every round
-SURE = 1  # kept calls drawn among the rounds that always happen (warm-up and min_runs)
+SURE = 1  # kept calls drawn among the timed rounds that always happen (min_runs)
 LATER = 1 / 16  # chance that a later round is kept, up to MAX_KEPT in all
 MAX_KEPT = 2
 KEEP_BYTES = 1 << 30  # fewer kept calls when a call's inputs and outputs are larger than this over MAX_KEPT
@@ -35,7 +36,8 @@ class SpotCheck:
 
     def __init__(self, inputs: list[torch.Tensor], outputs: tuple[TensorMeta, ...], sure_rounds: int,
                  device: str) -> None:
-        """`sure_rounds`: how many rounds the timing makes at least (the first kept calls are among them)."""
+        """`sure_rounds`: how many timed rounds the timing makes at least (the first kept calls are among
+        them)."""
         self.inputs, self.outputs, self.device = inputs, outputs, device
         size = sum(x.numel() * x.element_size() for x in inputs) + sum(m.nbytes for m in outputs)
         self.limit = max(1, min(MAX_KEPT, KEEP_BYTES // max(size, 1)))
@@ -46,14 +48,18 @@ class SpotCheck:
         self.pending: list[torch.Tensor] | None = None
         self.kept: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
 
-    def prepare(self) -> None:
-        """Before a round: new values at random input positions; a copy of the inputs if it is kept."""
-        self.round += 1
+    def prepare(self, timed: bool) -> None:
+        """Before a round: new values at random input positions; for a timed round that is kept, a copy of
+        the inputs."""
         for x in self.inputs:
             _perturb(x, self.gen)
-        keep = self.round in self.sure or (self.round >= max(self.sure, default=0)
-                                           and len(self.kept) < self.limit and _SYSTEM.random() < LATER)
-        self.pending = [x.clone() for x in self.inputs] if keep and len(self.kept) < self.limit else None
+        self.pending = None
+        if not timed:
+            return
+        self.round += 1  # of the timed rounds
+        keep = self.round in self.sure or (self.round > max(self.sure, default=0) and _SYSTEM.random() < LATER)
+        if keep and len(self.kept) < self.limit:
+            self.pending = [x.clone() for x in self.inputs]
 
     def wrap(self, call: Callable[[list[torch.Tensor], list[torch.Tensor]], None]) -> Callable[[], None]:
         """The candidate's timed callable: fresh outputs every call (a fair clock), kept when drawn."""

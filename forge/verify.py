@@ -217,9 +217,13 @@ def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[],
     running on a thread or stream after the call returned). `finite_fill`: outputs pre-filled with finite random
     values instead of the poison (see Guarded)."""
     detail: dict[str, Any] = {"sets": []}
+    # An index output (argmax, a sort) must equal eager's, and the hard values are full of ties (zeros; the
+    # overflow edge in half precision) that a right kernel may break another way: such tasks skip that set.
+    sets = len(SCALES) if any(not m.torch_dtype.is_floating_point and m.torch_dtype != torch.bool
+                              for m in outputs_meta) else SETS
     previous: list[torch.Tensor] | None = None
     ref_prev: list[tuple[torch.Tensor, torch.Tensor]] = []  # the previous set's eager outputs, judged masks
-    for k in range(SETS):
+    for k in range(sets):
         gen = generator(device, seed * 1000 + k)
         inputs = [make_input(m, k, gen, device) for m in inputs_meta]
         saved = [x.clone() for x in inputs]

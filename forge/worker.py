@@ -106,7 +106,7 @@ def handle(req: EvalRequest, st: _State) -> tuple[EvalResult, bool]:
             return result(Status.STALE_RESULT, skipped, verify=verdict.detail), False
         # Every timed call into fresh outputs (a fair clock, as eager and the dispatcher have), on inputs
         # perturbed before each round; random calls kept and judged after timing (forge.spotcheck).
-        spot = SpotCheck(inputs, req.task.outputs, 3 + req.bench.min_runs, st.device)
+        spot = SpotCheck(inputs, req.task.outputs, req.bench.min_runs, st.device)
         cand, eager = spot.wrap(call_on(launcher, req.task.inputs, req.task.outputs)), ref.eager
         with torch.no_grad():
             timing, baseline = interleaved(st.clock, [cand, lambda: eager(*inputs)], req.bench, spot.prepare)

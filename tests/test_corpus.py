@@ -58,7 +58,7 @@ BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_con
 # CPU kernels the text checks stop (class C of issue 13: the candidate shares the judge's process).
 CPU_KINDS = {"reads_proc_maps": "forbidden_io"}
 # CPU kernels that pass the text checks and the built library's: only the worker's seccomp filter stops them.
-RUNTIME_KINDS = {"libc_walk": "forbidden_io"}
+RUNTIME_KINDS = {"libc_walk": "forbidden_io", "signals_harness": "forbidden_io"}
 TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",
                 "reads_env": "forbidden_io", "uses_eval": "forbidden_code", "patches_module": "forbidden_code",
                 "import_time_code": "forbidden_code", "patch_in_launch": "forbidden_code",

@@ -24,8 +24,9 @@ from forge.variants import GAIN, TRIVIAL, Measured, Variant, choose
 log = logging.getLogger(__name__)
 
 # Of a run's --seconds, the search gets the first part; no Inductor compilation of the result starts after
-# this fraction (a compilation of a reference model takes 10-60 s on an H200's host).
-_SEARCH_SHARE, _COMPILE_BY = 0.55, 0.8
+# the second fraction (a compilation of a reference model takes 10-60 s on an H200's host), nor one that would
+# end after the third, judged by the one before it (the final timing and the artifact take the rest).
+_SEARCH_SHARE, _COMPILE_BY, _COMPILE_END = 0.55, 0.8, 0.95
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,9 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
             "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype}
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
-    best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor, deadline=deadline)
+    finish = start + budget.seconds * _COMPILE_END if budget.seconds else None
+    best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor, deadline=deadline,
+                         finish=finish)
     # the found kernels with no rewrite (the first variant of their chain that ran), for the report
     plain = [m for m in tried if m.variant.kernels == bool(kernels) and not m.variant.rewrites
              and not m.variant.runtime.startswith("inductor")]

@@ -261,12 +261,13 @@ def _time(m: Measured) -> float:
 
 
 def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
-           compile: bool = True, deadline: float | None = None,
+           compile: bool = True, deadline: float | None = None, finish: float | None = None,
            rewrites: tuple[str, ...] | None = None) -> tuple[Measured, list[Measured]]:
     """The fastest variant measured (greedy, see the module docstring) and every measurement made.
 
     `rewrites`: the rewrites to try (default: every one in forge.rewrites.REWRITES that applies to the
-    device); `deadline` (time.monotonic()): no Inductor compilation is started after it.
+    device); `deadline` (time.monotonic()): no Inductor compilation is started after it; `finish`: nor one
+    that would end after it, judged by the last compilation's time.
     """
     cuda = device.startswith("cuda")
     tried: list[Measured] = []
@@ -291,9 +292,12 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     compiled = [replace(h.variant, rewrites=parse((*h.variant.rewrites, *later)), runtime=runtime)
                 for h, later in heads]
     compiled += [replace(h.variant, runtime=runtime) for h, later in heads if later]
+    last = 0.0  # seconds the last compilation took (with its timing)
     for v in compiled if compile else []:
-        if deadline is not None and time.monotonic() > deadline:
+        now = time.monotonic()
+        if deadline is not None and now > deadline or finish is not None and now + last > finish:
             break
         run(v)  # a failed head is compiled too: Inductor may run it
+        last = time.monotonic() - now
     # the fastest that ran, of the variants that are something other than eager by another name
     return min((m for m in tried if m.ok and m.variant != TRIVIAL), key=_time, default=best), tried

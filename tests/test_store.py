@@ -1,4 +1,5 @@
-"""Tests of forge.store against real SQLite files: schema, round trips, trees, costs, WAL and concurrency."""
+"""Tests of forge.store against real SQLite files (schema, round trips, trees, costs, WAL and concurrency) and,
+where `sh .ci/postgres.sh` could start one, a real PostgreSQL server: the `store` tests run on both."""
 
 from __future__ import annotations
 
@@ -34,10 +35,40 @@ def db(tmp_path: Path) -> Path:
     return tmp_path / "forge.db"
 
 
+# The server .ci/postgres.sh starts (or FORGE_TEST_PG_URL): a throwaway database on a Unix socket.
+PG_URL = os.environ.get("FORGE_TEST_PG_URL",
+                        "postgresql+psycopg://forge@/forge_test?host=/tmp/forge-pg&port=54329")
+
+
+def _fresh_postgres() -> str:
+    """PG_URL with an empty public schema, or a skip saying why there is none."""
+    try:
+        import sqlalchemy
+    except ImportError as e:  # pragma: no cover - a dependency of forge
+        pytest.skip(f"no sqlalchemy: {e}")
+    try:
+        engine = sqlalchemy.create_engine(PG_URL, connect_args={"connect_timeout": 2})
+        with engine.begin() as conn:
+            conn.execute(sqlalchemy.text("DROP SCHEMA public CASCADE"))
+            conn.execute(sqlalchemy.text("CREATE SCHEMA public"))
+        engine.dispose()
+    except Exception as e:  # noqa: BLE001 - no driver, no server: the reason is the skip's
+        pytest.skip(f"no PostgreSQL server at {PG_URL} (sh .ci/postgres.sh starts one): {type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:200]}")
+    return PG_URL
+
+
 @pytest.fixture
-def store(db: Path) -> Iterator[Store]:
-    """A store on a fresh SQLite file."""
+def sqlite_store(db: Path) -> Iterator[Store]:
+    """A store on a fresh SQLite file (for what only SQLite has)."""
     with Store(db) as s:
+        yield s
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, db: Path) -> Iterator[Store]:
+    """A store on a fresh SQLite file, or on an empty PostgreSQL database."""
+    with Store(db if request.param == "sqlite" else _fresh_postgres()) as s:
         yield s
 
 
@@ -79,8 +110,8 @@ def test_url_rule(tmp_path: Path) -> None:
     assert (tmp_path / "c").is_dir()  # folder of a SQLite URL is created too
 
 
-def test_sqlite_pragmas(store: Store, db: Path) -> None:
-    with store._reader.connect() as conn:  # the store's own connections
+def test_sqlite_pragmas(sqlite_store: Store, db: Path) -> None:
+    with sqlite_store._reader.connect() as conn:  # the store's own connections
         pragma = {
             name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()
             for name in ("journal_mode", "busy_timeout", "synchronous", "foreign_keys")

@@ -1,0 +1,36 @@
+"""The pipeline's forbidden imports (pyproject.toml's [tool.importlinter] contracts), checked by import-linter
+on the package as it is, and on a copy with a forbidden import planted (the contracts must catch it)."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytest.importorskip("importlinter", reason="import-linter is in the dev extra")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports run in `root` (its pyproject.toml, its forge package first on the path)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    return subprocess.run([sys.executable, "-c", code, "--no-cache"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_contracts_hold():
+    r = _lint(ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
+
+
+def test_a_planted_forbidden_import_breaks_a_contract(tmp_path):
+    shutil.copytree(ROOT / "forge", tmp_path / "forge", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    verify = tmp_path / "forge" / "verify.py"
+    verify.write_text(verify.read_text().replace("import torch\n", "import torch\n\nimport forge.store  # noqa\n", 1))
+    r = _lint(tmp_path)
+    assert r.returncode != 0 and "BROKEN" in r.stdout and "forge.verify -> forge.store" in r.stdout, r.stdout[-3000:]

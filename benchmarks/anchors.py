@@ -138,6 +138,7 @@ def main() -> int:
     from forge.policy import RecipePolicy
     from forge.search import Budget, search
     from forge.store import Store
+    from forge.store.recorder import StoreRecorder
 
     device = args.device
     clock = Clock(device)
@@ -167,7 +168,7 @@ def main() -> int:
             start = time.monotonic()
             budget = Budget(candidates=args.candidates, per_task=args.candidates, min_per_task=8,
                             seconds=60 * args.minutes, patience=24, parallel=16, min_share=0.0)
-            (out,) = search([dataclasses.replace(task, share=1.0)], policy, ev, store, run.id, budget)
+            (out,) = search([dataclasses.replace(task, share=1.0)], policy, ev, StoreRecorder(store, run.id), budget)
             minutes = (time.monotonic() - start) / 60
             floor = spec.floor_bytes / bandwidth * 1e6
             best = out.best_us

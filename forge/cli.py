@@ -69,7 +69,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """forge eval: one candidate through build, verification and timing; exit 0 if it passes, 1 if not."""
-    from forge.evaluate import Evaluator, evaluation_fields
+    from forge.evaluate import Evaluator
     from forge.kernel import Candidate, TaskSpec
     from forge.model_input import check_device
     from forge.profile import Profile, profile_model
@@ -106,6 +106,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print_eval(task, cand, res)
     if not args.no_store:
         from forge.store import Store
+        from forge.store.recorder import evaluation_fields
 
         store = Store(args.db)
         run = store.create_run(prof.model, device=device, dtype=prof.dtype, policy="manual",

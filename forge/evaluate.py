@@ -108,20 +108,3 @@ def _first_error(log_text: str) -> str:
 
 def _with_build(res: EvalResult, built: BuildResult) -> EvalResult:
     return replace(res, build_log=built.log, build_s=built.seconds)
-
-
-def evaluation_fields(res: EvalResult) -> dict[str, object]:
-    """The keyword arguments of Store.add_evaluation for a result (median and spread included)."""
-    spread = None
-    if res.timing:
-        t = res.timing
-        spread = {"p10": t.p10_us, "p90": t.p90_us, "mean": t.mean_us, "std": t.std_us, "n": t.n,
-                  "floor_us": res.floor_us}
-    verify = dict(res.verify)
-    if res.baseline:
-        verify["baseline"] = {"median": res.baseline.median_us, "p10": res.baseline.p10_us,
-                              "p90": res.baseline.p90_us, "n": res.baseline.n}
-    return {"status": res.status.value, "message": res.message, "build_log": res.build_log, "verify": verify,
-            "time_us_median": res.timing.median_us if res.timing else None, "time_us_spread": spread,
-            "baseline_us_median": res.baseline.median_us if res.baseline else None, "device": res.device,
-            "device_seconds": res.device_s}

@@ -19,6 +19,7 @@ from forge.policy import Policy, RecipePolicy
 from forge.profile import profile_model
 from forge.search import Budget, Progress, TaskOutcome, search
 from forge.store import RunRecord, Store, TaskRecord
+from forge.store.recorder import StoreRecorder
 from forge.variants import GAIN, TRIVIAL, Measured, Variant, choose
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,8 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     try:
         with Evaluator(loaded.device) as ev:
             searching = replace(budget, seconds=max(5.0, budget.seconds * _SEARCH_SHARE - (time.monotonic() - start)))
-            outcomes = search(list(prof.tasks), pol, ev, store, run.id, searching, progress, resume=bool(resume))
+            outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, progress,
+                              resume=bool(resume))
     except KeyboardInterrupt:
         store.update_run(run.id, state="stopped", note=f"interrupted: forge optimize --resume {run.id}")
         raise

@@ -28,11 +28,11 @@ from datetime import timezone
 from typing import Any
 
 from forge.build import build
-from forge.evaluate import Evaluator, evaluation_fields
+from forge.evaluate import Evaluator
 from forge.kernel import Candidate, EvalResult, TaskSpec
 from forge.mcts import FAIL, MCTS, Node, reward_of
 from forge.policy import Policy
-from forge.store import CandidateRecord, EvaluationRecord, Store, TaskRecord
+from forge.recorder import NodeRow, Recorder, TaskRow
 from forge.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -111,8 +111,8 @@ def payload_of(policy: Policy, spec: TaskSpec, knobs: dict[str, Any]) -> tuple[A
 class TaskSearch:
     """One task's tree, best kernel, eager time and floor: it can stop, wait for budget, and go on."""
 
-    def __init__(self, task: Task, policy: Policy, store: Store, rec: TaskRecord) -> None:
-        self.task, self.policy, self.store, self.rec = task, policy, store, rec
+    def __init__(self, task: Task, policy: Policy, recorder: Recorder, rec: TaskRow) -> None:
+        self.task, self.policy, self.recorder, self.rec = task, policy, recorder, rec
         self.spec = TaskSpec.of(task)
         self.tree = MCTS(lambda node: policy.propose(self.spec, node.payload, ""))
         self.db_id: dict[int, int] = {}  # tree node id -> candidate id in the store
@@ -126,32 +126,30 @@ class TaskSearch:
         self.last_at: Any = None  # when its newest stored evaluation was made
 
     def start(self) -> None:
-        """Store the root (the eager baseline) unless a stored tree was restored."""
+        """Record the root (the eager baseline) unless a recorded tree was restored."""
         if not self.db_id:
-            root = self.store.add_candidate(self.rec.id, None, backend="eager", source=self.task.source,
-                                            origin="baseline", status="ok")
-            self.db_id[0] = root.id
-            self.store.update_task(self.rec.id, state="running")
+            self.db_id[0] = self.recorder.started(self.rec.id, self.task.source)
 
     def restore(self) -> None:
-        """Rebuild the tree and the statistics from the store, in evaluation order; nothing is evaluated."""
-        tree_id: dict[int, int] = {}  # candidate id -> tree node id
-        for c in sorted(self.store.candidates(self.rec.id), key=lambda c: c.id):  # parents before children
+        """Rebuild the tree and the statistics from the record, in evaluation order; nothing is evaluated."""
+        tree_id: dict[int, int] = {}  # recorded node id -> tree node id
+        for c in self.recorder.nodes(self.rec.id):  # parents before children
             if c.parent_id is None:
                 if not tree_id:
                     tree_id[c.id], self.db_id[0] = 0, c.id
                 continue
-            evs = self.store.evaluations(c.id)
-            if c.parent_id not in tree_id or not evs:
-                continue  # stored but never evaluated (killed in between): it may be chosen and evaluated again
+            if c.parent_id not in tree_id or c.result is None:
+                continue  # recorded but never evaluated (killed in between): it may be chosen and evaluated again
             payload, ok = payload_of(self.policy, self.spec, c.knobs)
             node = self.tree.restore(len(self.tree.nodes), tree_id[c.parent_id], payload,
                                      FAIL if c.reward is None else c.reward)
             node.pruned = node.pruned or not ok
             tree_id[c.id], self.db_id[node.id] = node.id, c.id
-            self._account(evs[-1], lambda c=c, payload=payload, ok=ok: self._candidate(c, payload, ok))
+            if c.evaluated_at is not None:
+                self.last_at = c.evaluated_at if self.last_at is None else max(self.last_at, c.evaluated_at)
+            self._account(c.result, lambda c=c, payload=payload, ok=ok: self._candidate(c, payload, ok))
 
-    def _candidate(self, c: CandidateRecord, payload: Any, ok: bool) -> Candidate:
+    def _candidate(self, c: NodeRow, payload: Any, ok: bool) -> Candidate:
         if ok:
             try:
                 return self.policy.render(self.spec, payload)
@@ -159,16 +157,11 @@ class TaskSearch:
                 log.warning("cannot re-render candidate %d: %s", c.id, e)
         return Candidate(c.backend, c.source, c.entry)
 
-    def _account(self, ev: EvaluationRecord | EvalResult, cand: Callable[[], Candidate]) -> None:
-        """Count one evaluation: eager time, floor, best and patience."""
+    def _account(self, ev: EvalResult, cand: Callable[[], Candidate]) -> None:
+        """Count one evaluation (made now, or read back on --resume): eager time, floor, best and patience."""
         self.tried += 1
-        if isinstance(ev, EvalResult):
-            passed, median = ev.status.passed, ev.timing.median_us if ev.timing else None
-            baseline, floor = (ev.baseline.median_us if ev.baseline else None), ev.floor_us
-        else:
-            passed, median, baseline = ev.status == "ok", ev.time_us_median, ev.baseline_us_median
-            floor = (ev.time_us_spread or {}).get("floor_us")
-            self.last_at = ev.created_at if self.last_at is None else max(self.last_at, ev.created_at)
+        passed, median = ev.status.passed, ev.timing.median_us if ev.timing else None
+        baseline, floor = (ev.baseline.median_us if ev.baseline else None), ev.floor_us
         self.floor_us = floor or self.floor_us
         if baseline:
             self.baselines.append(baseline)
@@ -209,7 +202,7 @@ class TaskSearch:
             except Exception as e:  # noqa: BLE001 - any policy bug: stored as the stop reason, the run goes on
                 log.exception("policy %s failed on task %s", self.policy.name, self.task.key)
                 self.stop = policy_error(e)
-                self.store.update_task(self.rec.id, state="done", stop_reason=self.stop)  # a resume skips it
+                self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)  # a resume skips it
                 break
             if not nodes:
                 self.stop = "exhausted (no more ideas)"
@@ -233,12 +226,8 @@ class TaskSearch:
 
     def _record(self, node: Node, cand: Candidate, res: EvalResult) -> None:
         parent = self.db_id[node.parent.id] if node.parent is not None else None
-        row = self.store.add_candidate(self.rec.id, parent, backend=cand.backend, source=cand.source,
-                                       entry=cand.entry, knobs=knobs_of(node.payload), origin=self.policy.name,
-                                       status=res.status.value, visits=1, reward=node.reward)
-        self.db_id[node.id] = row.id
-        self.store.link_llm_calls(cand.llm_calls, row.id)  # the prompts and answers behind this node
-        self.store.add_evaluation(row.id, **evaluation_fields(res))
+        self.db_id[node.id] = self.recorder.evaluated(self.rec.id, parent, cand, knobs_of(node.payload),
+                                                      self.policy.name, res, node.reward)
 
     def headroom(self, bandwidth: float | None) -> float:
         """1 - floor / eager, from the probe; estimated from the profile when the probe measured neither."""
@@ -251,14 +240,14 @@ class TaskSearch:
     def set_meta(self, **kw: Any) -> None:
         """Record allocation decisions with the task, for --resume."""
         self.meta.update(kw)
-        self.store.update_task(self.rec.id, meta=dict(self.meta))
+        self.recorder.update_task(self.rec.id, meta=dict(self.meta))
 
     def finish(self, ev: Evaluator, reason: str) -> TaskOutcome:
-        """Mark the task done in the store and build its winner, if it beat eager by 5%."""
+        """Record the task done and build its winner, if it beat eager by 5%."""
         self.stop = self.stop or reason
         share = self.task.share or 0.0
         if self.rec.state != "done" or self.rec.stop_reason != self.stop:
-            self.store.update_task(self.rec.id, state="done", stop_reason=self.stop)
+            self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)
         best = self.best
         gain = best is not None and self.eager_us is not None and best[0] < self.eager_us / 1.05
         library = build(best[1], ev.arch).path if gain and best else None
@@ -273,21 +262,20 @@ def _bandwidth(states: list[TaskSearch]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
-def search(tasks: list[Task], policy: Policy, ev: Evaluator, store: Store, run_id: str, budget: Budget,
+def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder, budget: Budget,
            progress: Progress | None = None, resume: bool = False) -> list[TaskOutcome]:
     """Search every task worth it within the budget: probe each, then by share x headroom (module docstring).
-
-    With `resume`, the run's stored tasks, trees and decisions are restored and the search goes on.
+    Every task, node, result and decision goes to `recorder` (forge.store.recorder.StoreRecorder: the run
+    store). With `resume`, the run's recorded tasks, trees and decisions are restored and the search goes on.
     """
-    stored = {r.key: r for r in store.get_tasks(run_id)} if resume else {}
+    stored = {r.key: r for r in recorder.tasks()} if resume else {}
     if stored:  # the shares the run was started with, not a new profile's
         tasks = [replace(t, ms=stored[t.key].ms, share=stored[t.key].share) if t.key in stored else t for t in tasks]
     ranked = sorted(tasks, key=lambda t: -(t.share or 0.0))
     out: dict[str, TaskOutcome] = {}
     states: list[TaskSearch] = []
     for t in ranked:
-        rec = stored.get(t.key) or store.add_task(run_id, t.key, family=t.family, count=t.count, ms=t.ms,
-                                                  share=t.share, source=t.source, meta={"ops": list(t.ops)})
+        rec = stored.get(t.key) or recorder.add_task(t)
         share = t.share or 0.0
         try:
             why_not = policy.mine(TaskSpec.of(t)) if share >= budget.min_share else None
@@ -299,17 +287,17 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, store: Store, run_i
                            else ("skipped", why_not) if why_not.startswith("policy error")
                            else ("not mine", f"not mine: {why_not}"))
             if rec.state != "done":
-                store.update_task(rec.id, state="done", stop_reason=why)
+                recorder.update_task(rec.id, state="done", stop_reason=why)
             out[t.key] = TaskOutcome(t.key, t.family, share, None, None, 0, status, why)
             continue
-        s = TaskSearch(t, policy, store, rec)
+        s = TaskSearch(t, policy, recorder, rec)
         if resume:
             s.restore()
         states.append(s)
     spent = 0.0
     done_at = [s.last_at for s in states if s.last_at is not None]
     if done_at:  # the time the stopped run had already searched counts against --seconds
-        created = store.get_run(run_id).created_at
+        created = recorder.created_at()
         newest = max(done_at)
         if newest.tzinfo is None or created.tzinfo is None:
             newest, created = newest.replace(tzinfo=timezone.utc), created.replace(tzinfo=timezone.utc)

@@ -24,6 +24,7 @@ from forge.model_input import load_file
 from forge.profile import profile_model
 from forge.search import Budget, search
 from forge.store import Store
+from forge.store.recorder import StoreRecorder
 
 KERNELS = {p.stem: p.read_text() for p in (Path(__file__).parent / "llm").glob("*.cpp")}
 FAST = BenchConfig(warmup_s=0.005, budget_s=0.03, min_runs=3, max_runs=20)
@@ -79,7 +80,7 @@ def run_search(policy, tasks, ev, store):
     run = store.create_run("sincos", device="cpu", dtype="float32", policy=policy.name)
     policy.bind(store, run.id)
     try:
-        outcomes = search(tasks, policy, ev, store, run.id, BUDGET)
+        outcomes = search(tasks, policy, ev, StoreRecorder(store, run.id), BUDGET)
     finally:
         policy.close()
     return run.id, outcomes

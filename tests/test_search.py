@@ -11,6 +11,7 @@ from forge.capture import TensorMeta
 from forge.kernel import Candidate, EvalResult, Status, TaskSpec, Timing
 from forge.search import Budget, search
 from forge.store import Store
+from forge.store.recorder import StoreRecorder
 from forge.tasks import Task
 
 SOURCE = '#include "forge_abi.h"\nextern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, ' \
@@ -65,7 +66,7 @@ def test_budget_goes_by_share_times_headroom_and_every_stop_is_explained(tmp_pat
     store = Store(tmp_path / "f.db")
     run = store.create_run("synthetic", device="cpu", policy="synthetic")
     budget = Budget(candidates=30, per_task=16, min_per_task=2, parallel=2, patience=100, min_share=0.01)
-    out = {o.key: o for o in search(tasks, syn, syn, store, run.id, budget)}
+    out = {o.key: o for o in search(tasks, syn, syn, StoreRecorder(store, run.id), budget)}
 
     assert out["other"].status == "not mine" and out["other"].stop_reason.startswith("not mine: ")
     assert out["tiny"].status == "skipped" and out["tiny"].stop_reason.startswith("share below")
@@ -110,7 +111,7 @@ def test_a_policy_error_is_that_tasks_failure_and_the_run_goes_on(tmp_path):
     store = Store(str(tmp_path / "s.db"))
     run = store.create_run("m", device="cpu", dtype="fp32", policy=pol.name, config={})
     budget = Budget(candidates=12, per_task=4, min_per_task=2, parallel=2, patience=100, min_share=0.01)
-    out = {o.key: o for o in search([task(k, 0.25) for k in keys], pol, pol, store, run.id, budget)}
+    out = {o.key: o for o in search([task(k, 0.25) for k in keys], pol, pol, StoreRecorder(store, run.id), budget)}
     assert out["mine-raises"].stop_reason == "policy error: KeyError: \"missing argument 'max_val'\""
     assert out["propose-raises"].stop_reason == "policy error: IndexError: list index out of range"
     assert out["render-raises"].stop_reason == "policy error: ValueError: cannot render"

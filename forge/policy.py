@@ -68,8 +68,11 @@ class RecipePolicy:
 
     name = "recipes"
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", sms: int | None = None) -> None:
+        """`sms`: the GPU's multiprocessor count the row schedules fill (default: the device's, asked of
+        torch; an H200's 132 where no GPU is visible, as when CUDA candidates are rendered on a CPU host)."""
         self.device = device
+        self.sms = sms or _sm_count(device)
         self._lowered: dict[str, _Lowered | NotMine] = {}
         self._proposed: dict[str, set[Any]] = {}
         self._sources: dict[tuple[str, Any], Candidate | None] = {}
@@ -120,7 +123,7 @@ class RecipePolicy:
         space = _relevant(_SPACES[cls], cls, self.lowered(spec))
         seen = self._proposed.setdefault(spec.key, set())
         if parent is None and cls is cuda.CudaRowKnobs:
-            ideas = _row_seeds(self.lowered(spec).low)
+            ideas = _row_seeds(self.lowered(spec).low, self.sms)
         elif parent is None:
             combos = list(itertools.product(*space.values()))
             picks = [combos[0]] + combos[1::max(1, len(combos) // 5)]
@@ -189,7 +192,16 @@ def _relevant(space: dict[str, tuple[Any, ...]], cls: type, low: _Lowered) -> di
     return {k: v for k, v in space.items() if k not in drop}
 
 
-def _row_seeds(low: rowreduce.RowLowered, sms: int = 132) -> list[cuda.CudaRowKnobs]:
+def _sm_count(device: str) -> int:
+    """The multiprocessor count of a CUDA device, or 132 (an H200's) when none is visible here."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def _row_seeds(low: rowreduce.RowLowered, sms: int) -> list[cuda.CudaRowKnobs]:
     """First CUDA row schedules: enough blocks to fill the GPU, each thread's part of the row in registers
     (at most 32 elements), few idle threads; then the same without the register cache."""
     scored = []

@@ -133,7 +133,7 @@ class Worker:
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             code = self.proc.wait(timeout=30)
             tail = self.log_tail()
-            self._restart(start_now=False)
+            self._restart()
             if code == -signal.SIGSYS and self.confined:
                 return EvalResult(Status.FORBIDDEN_IO, "killed by the sandbox (seccomp): a forbidden system call "
                                   "(a new process or program, a signal to another process, a socket, a change to "
@@ -142,14 +142,13 @@ class Worker:
             return EvalResult(status, f"the worker died ({_signal_name(code)})" + (f": {tail}" if tail else ""),
                               device=self.device, device_s=time.perf_counter() - start)
         if self.proc.poll() is not None or res.status is Status.CRASH:
-            self._restart(start_now=False)
+            self._restart()
         return res
 
-    def _restart(self, start_now: bool = False) -> None:
+    def _restart(self) -> None:
+        """Stop the worker; the next request starts a new one."""
         self.restarts += 1
         self._stop()
-        if start_now:
-            self._start()
 
     def close(self) -> None:
         """Stop the worker and remove its directory."""

@@ -69,24 +69,22 @@ def confine() -> None:
     sys.dont_write_bytecode = True  # a module imported later must not write its .pyc (a killed open)
     me = os.getpid()
     f = sc.SyscallFilter(defaction=sc.ALLOW)
+    arch = sc.system_arch()
+
+    def rule(action: int, name: str, *args: object) -> None:  # a call this architecture lacks is skipped
+        if sc.resolve_syscall(arch, name) >= 0:
+            f.add_rule(action, name, *args)
+
     for name in _KILLED:
-        _rule(f, sc.KILL_PROCESS, name)
+        rule(sc.KILL_PROCESS, name)
     for name in _ENOSYS:
-        _rule(f, sc.ERRNO(errno.ENOSYS), name)
-    _rule(f, sc.KILL_PROCESS, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
+        rule(sc.ERRNO(errno.ENOSYS), name)
+    rule(sc.KILL_PROCESS, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
     for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):  # a signal to another process
-        _rule(f, sc.KILL_PROCESS, name, sc.Arg(0, sc.NE, me))
+        rule(sc.KILL_PROCESS, name, sc.Arg(0, sc.NE, me))
     for flag in _WRITE_FLAGS:
-        _rule(f, sc.KILL_PROCESS, "open", sc.Arg(1, sc.MASKED_EQ, flag, flag))
-        _rule(f, sc.KILL_PROCESS, "openat", sc.Arg(2, sc.MASKED_EQ, flag, flag))
+        rule(sc.KILL_PROCESS, "open", sc.Arg(1, sc.MASKED_EQ, flag, flag))
+        rule(sc.KILL_PROCESS, "openat", sc.Arg(2, sc.MASKED_EQ, flag, flag))
     f.load()
     log.info("worker %d confined by seccomp", me)
 
-
-def _rule(f: object, action: int, name: str, *args: object) -> None:
-    """One rule; a system call this architecture does not have is skipped."""
-    import pyseccomp as sc
-
-    if sc.resolve_syscall(sc.system_arch(), name) < 0:
-        return
-    f.add_rule(action, name, *args)  # type: ignore[attr-defined]

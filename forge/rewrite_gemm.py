@@ -7,9 +7,8 @@
 - `attention-gemm`: scaled dot-product attention with a head wider than the fused attention kernels take
   (> 256: only the memory-efficient kernel runs it, far from the GEMM's rate; Gemma 4's global layers, the
   SD3.5 VAE's mid-block) becomes two batched GEMMs around a (masked) softmax: scores in float32 (`bmm`
-  with a float32 result on CUDA), softmax in float32, the
-  probabilities in the value's dtype, as flash attention rounds them. Queries go in chunks so that the
-  scores of one chunk stay under CHUNK elements.
+  with a float32 result on CUDA), softmax in float32, the probabilities in the value's dtype, as flash
+  attention rounds them. Queries go in chunks so that the scores of one chunk stay under CHUNK elements.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ class TaskSearch:
         self.task, self.policy, self.recorder, self.rec = task, policy, recorder, rec
         self.spec = TaskSpec.of(task)
         self.tree = MCTS(lambda node: policy.propose(self.spec, node.payload, ""))
-        self.db_id: dict[int, int] = {}  # tree node id -> candidate id in the store
+        self.db_id: dict[int, int] = {}  # tree node id -> its recorded id
         self.best: tuple[float, Candidate] | None = None  # (median us, candidate)
         self.baselines: list[float] = []  # every paired eager median measured
         self.floor_us: float | None = None

@@ -41,7 +41,8 @@ class SpotCheck:
         self.inputs, self.outputs, self.device = inputs, outputs, device
         size = sum(x.numel() * x.element_size() for x in inputs) + sum(m.nbytes for m in outputs)
         self.limit = max(1, min(MAX_KEPT, KEEP_BYTES // max(size, 1)))
-        self.sure = set(_SYSTEM.sample(range(max(sure_rounds, 1)), min(SURE, self.limit, max(sure_rounds, 1))))
+        rounds = max(sure_rounds, 1)
+        self.sure = set(_SYSTEM.sample(range(rounds), min(SURE, self.limit, rounds)))
         self.gen = torch.Generator(device="cuda" if device.startswith("cuda") else "cpu")
         self.gen.manual_seed(_SYSTEM.getrandbits(63))
         self.round = -1

@@ -13,12 +13,12 @@ A variant is which found kernels it uses (all, or none), which whole-graph rewri
 process, outputs compared on fresh inputs), two chains: without the found kernels and with them. Each
 starts on the runtime without compilation (a CUDA graph on CUDA); each rewrite that applies is added and
 kept only if the forward got faster by more than the timing noise, outputs matching. Then, when allowed and
-time is left, the end of each chain is compiled by Inductor, the chain without kernels first, with the rewrites that
-pay only compiled (`Rewrite.pays_compiled`: attention as GEMMs around a softmax, whose passes Inductor
-fuses) added where they applied; then the chain ends without them, time permitting. Variants are compared
-by their own times, not by their ratios to eager: a launch-bound eager forward varies far more between
-measurements (4.3 to 7.5 ms for ResNet-50 bf16 on an H200, in one run) than a replayed graph does. A
-variant that fails to build or run is recorded with its error and not kept.
+time is left, the end of each chain is compiled by Inductor, the chain without kernels first, with the
+rewrites that pay only compiled (`Rewrite.pays_compiled`: attention as GEMMs around a softmax, whose
+passes Inductor fuses) added where they applied; then the chain ends without them, time permitting.
+Variants are compared by their own times, not by their ratios to eager: a launch-bound eager forward
+varies far more between measurements (4.3 to 7.5 ms for ResNet-50 bf16 on an H200, in one run) than a
+replayed graph does. A variant that fails to build or run is recorded with its error and not kept.
 """
 
 from __future__ import annotations

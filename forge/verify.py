@@ -236,6 +236,7 @@ def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[],
                            "(work left running on a thread or stream)", detail)
         row: dict[str, Any] = {"set": k}
         detail["sets"].append(row)
+        masks: list[torch.Tensor] = []
         for i, (o, e, h, m) in enumerate(zip(outs, eager, high, outputs_meta, strict=True)):
             name = f"output {i} ({m.short()})"
             if not o.guards_intact():
@@ -244,6 +245,7 @@ def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[],
                 if not torch.equal(x, s):
                     return Verdict(Status.INPUT_MUTATED, f"input {j} changed during the call", detail)
             out, finite = o.tensor, judged(e, h, o.tensor.dtype)
+            masks.append(finite)
             left = o.poisoned() & finite
             if left.any():
                 n = int(left.sum())
@@ -262,7 +264,7 @@ def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[],
             if wrong is not None:
                 return replace(wrong, detail=detail)
         previous = [o.tensor.clone() for o in outs]
-        ref_prev = [(e, judged(e, h, o.tensor.dtype)) for o, e, h in zip(outs, eager, high, strict=True)]
+        ref_prev = list(zip(eager, masks, strict=True))
     detail["max_err"] = max((v for r in detail["sets"] for kk, v in r.items() if kk.startswith("err")),
                             default=0.0)
     return Verdict(Status.OK, "", detail)

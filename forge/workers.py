@@ -47,6 +47,7 @@ class Worker:
         self.device = device
         self.confined = device == "cpu" if confined is None else confined
         self.unconfined = ""  # why the worker could not confine itself, when it could not
+        nondumpable()  # a worker that is not root cannot read forge's environment or memory through /proc
         self.memory_bytes = memory_bytes
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
@@ -59,7 +60,6 @@ class Worker:
         return Path(self._dir.name) / "worker.log"
 
     def _start(self) -> None:
-        nondumpable()  # a worker that is not root cannot read forge's environment or memory through /proc
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         # HOME is the worker's own folder: credentials kept in files under the user's home (~/.aws, ~/.netrc,

@@ -188,7 +188,7 @@ def _local_references(kernels: list[KernelArtifact], cap: Capture) -> list[Kerne
 def verified_here(kernels: list[KernelArtifact], device: str) -> list[KernelArtifact]:
     """The kernels that pass verification on this device and beat eager here (each in a worker process)."""
     from forge.kernel import TaskSpec
-    from forge.worker import EvalRequest
+    from forge.steps import EvalRequest
     from forge.workers import Worker
 
     keep = []

@@ -18,7 +18,7 @@ from forge.build import BuildPool, BuildResult
 from forge.checks import check
 from forge.elfcheck import check_library
 from forge.kernel import Candidate, EvalResult, NoKernel, Status, TaskSpec
-from forge.worker import EvalRequest
+from forge.steps import EvalRequest
 from forge.workers import Worker
 
 log = logging.getLogger(__name__)

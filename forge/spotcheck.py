@@ -1,4 +1,4 @@
-"""Timed calls judged at random (runs inside the worker, around forge.bench.interleaved).
+"""Timed calls judged at random (the worker's half, around forge.bench.interleaved; forge.judge judges).
 
 A kernel that is right on the calls verification makes and wrong on the others (one that switches to a
 copy after a few calls, drifts a little more every call, or caches its result keyed on a few sampled input
@@ -8,7 +8,8 @@ elements) would be timed doing less than the work. So, before every round (warm-
 - some timed calls, drawn at random, are kept: one among the first `min_runs` timed rounds (which always
   happen), later ones with a chance of LATER each; their inputs are copied before the call (outside the
   timed region) and their outputs kept; after timing each kept output is judged against the reference on
-  its own inputs as verification judges (NaN/Inf, tolerance, integer equality).
+  its own inputs as verification judges (NaN/Inf, tolerance, integer equality), by forge.judge in forge's
+  process: the worker copies the kept calls into slots of the shared arena (forge.arena).
 Which calls are kept cannot be told from the call: every call gets fresh outputs and perturbed inputs.
 """
 
@@ -16,12 +17,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import replace
 
 import torch
 
 from forge.capture import TensorMeta
-from forge.verify import Reference, Verdict, judged, nonfinite, within_tolerance
 
 _SYSTEM = random.SystemRandom()
 PERTURBED = 8  # input elements changed before every round
@@ -39,12 +38,13 @@ class SpotCheck:
         """`sure_rounds`: how many timed rounds the timing makes at least (the first kept calls are among
         them)."""
         self.inputs, self.outputs, self.device = inputs, outputs, device
-        size = sum(x.numel() * x.element_size() for x in inputs) + sum(m.nbytes for m in outputs)
-        self.limit = max(1, min(MAX_KEPT, KEEP_BYTES // max(size, 1)))
+        self.limit = kept_limit(tuple(TensorMeta.of(x) for x in inputs), outputs)
         rounds = max(sure_rounds, 1)
         self.sure = set(_SYSTEM.sample(range(rounds), min(SURE, self.limit, rounds)))
-        self.gen = torch.Generator(device="cuda" if device.startswith("cuda") else "cpu")
-        self.gen.manual_seed(_SYSTEM.getrandbits(63))
+        gen = torch.Generator(device="cuda" if device.startswith("cuda") else "cpu")
+        gen.manual_seed(_SYSTEM.getrandbits(63))
+        self._plans = [p for p in (_Perturbation(x, gen) for x in inputs) if p.flat is not None]
+        self._turn = 0
         self.round = -1
         self.pending: list[torch.Tensor] | None = None
         self.kept: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
@@ -52,8 +52,9 @@ class SpotCheck:
     def prepare(self, timed: bool) -> None:
         """Before a round: new values at random input positions; for a timed round that is kept, a copy of
         the inputs."""
-        for x in self.inputs:
-            _perturb(x, self.gen)
+        for p in self._plans:
+            p.apply(self._turn)
+        self._turn += 1
         self.pending = None
         if not timed:
             return
@@ -74,27 +75,40 @@ class SpotCheck:
                 self.pending = None
         return cand
 
-    def judge(self, ref: Reference) -> Verdict | None:
-        """After timing: a verdict on the first kept call that is wrong, or None when all are right."""
-        for n, (inputs, outs) in enumerate(self.kept):
-            eager, high = ref(inputs)
-            for i, (o, e, h, m) in enumerate(zip(outs, eager, high, self.outputs, strict=True)):
-                name, finite = f"timed call {n + 1} of {len(self.kept)} kept, output {i} ({m.short()})", \
-                    judged(e, h, o.dtype)
-                bad = nonfinite(name, o, finite) or within_tolerance(name, o, e, h, finite, m.dtype, {}, "timed", i)
-                if bad is not None:
-                    return replace(bad, detail={"kept": len(self.kept), "rounds": self.round + 1})
-        return None
+    def store(self, slots: list[tuple[list[torch.Tensor], list[torch.Tensor]]]) -> int:
+        """Copy the kept calls into the judge's slots (per kept call: its inputs, row-major, and its outputs);
+        how many were kept. The judge compares them with the reference in its own process."""
+        for (inputs, outs), (in_slots, out_slots) in zip(self.kept, slots, strict=False):
+            for t, s in zip([*inputs, *outs], [*in_slots, *out_slots], strict=True):
+                s.copy_(t)
+        return min(len(self.kept), len(slots))
 
 
-def _perturb(x: torch.Tensor, gen: torch.Generator) -> None:
-    """PERTURBED elements of a floating-point input at random positions get N(0,1) values (in place)."""
-    if not x.is_floating_point() or x.numel() == 0 or x.dim() == 0:
-        return
-    dev = gen.device
-    index = tuple(torch.randint(0, s, (PERTURBED,), generator=gen, device=dev).to(x.device) for s in x.shape)
-    values = torch.randn(PERTURBED, generator=gen, device=dev).to(x.device, x.dtype)
-    try:
-        x.index_put_(index, values)
-    except RuntimeError:  # an input whose elements share memory (expanded): left as it is
-        pass
+def kept_limit(inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) -> int:
+    """How many timed calls may be kept for a task (fewer for large ones: each is a copy of its tensors)."""
+    size = sum(m.nbytes for m in inputs) + sum(m.nbytes for m in outputs)
+    return max(1, min(MAX_KEPT, KEEP_BYTES // max(size, 1)))
+
+
+TURNS = 512  # rounds of perturbation drawn at once (more than a timing makes: max_runs, warm-up, a batch)
+
+
+class _Perturbation:
+    """PERTURBED elements of a floating-point input get N(0,1) values every round, at random positions: all
+    rounds' positions and values drawn at once, so that a round costs one indexed write an input (a few
+    microseconds of launch on a GPU, not a dozen small kernels). No two of TURNS rounds are alike."""
+
+    def __init__(self, x: torch.Tensor, gen: torch.Generator) -> None:
+        self.flat: torch.Tensor | None = None
+        span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) if x.numel() else 0
+        if not x.is_floating_point() or x.numel() == 0 or x.dim() == 0 or span != x.numel():
+            return  # an integer input, or one whose elements share memory (expanded): left as it is
+        dev = gen.device
+        self.flat = x.as_strided((span,), (1,))
+        self.index = torch.randint(0, span, (TURNS, PERTURBED), generator=gen, device=dev).to(x.device)
+        self.values = torch.randn(TURNS, PERTURBED, generator=gen, device=dev).to(x.device, x.dtype)
+
+    def apply(self, turn: int) -> None:
+        assert self.flat is not None
+        t = turn % TURNS
+        self.flat.index_put_((self.index[t],), self.values[t])

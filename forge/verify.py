@@ -1,4 +1,4 @@
-"""Verification of a candidate against its task's reference (runs inside the worker).
+"""Verification of a candidate against its task's reference (in forge's process: forge.judge).
 
 Method (docs/verification.md):
 - four input sets with fresh random values per call: three never zero, of growing magnitude and spread
@@ -14,8 +14,10 @@ Method (docs/verification.md):
   2 x the eager error);
 - NaN or Inf where the reference and eager are finite fails; the same output for different inputs (a cached
   result) fails; a constant output where the reference is not constant fails;
-- timed calls are judged at random (forge.spotcheck); after timing, the worker verifies once more on the
+- timed calls are judged at random (forge.spotcheck); after timing, the judge verifies once more on the
   SETS from a new secret seed, each output watched for a moment after the call returned.
+The candidate runs in a worker (a `Target`); inputs and outputs are shared with it (forge.arena), while the
+inputs the reference reads, the copies they are compared with and every verdict stay in this process.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -68,21 +71,23 @@ class Guarded:
     integers a random value, new for every buffer); the guard zones with random bits, kept to compare: a
     candidate cannot tell a verification buffer by a fixed word before, in or after its output."""
 
-    def __init__(self, meta: TensorMeta, device: str, finite: bool = False) -> None:
+    def __init__(self, meta: TensorMeta, device: str, finite: bool = False, buf: torch.Tensor | None = None
+                 ) -> None:
         """`finite`: the output holds random finite values instead of the poison word, as a reused buffer
         would (a kernel that computes only when it sees NaN in its output is caught by the comparison);
-        unwritten elements then show as wrong values, not as a partial write."""
+        unwritten elements then show as wrong values, not as a partial write. `buf`: where the buffer lives
+        (`Guarded.size(meta)` elements of its dtype, shared with the worker), else allocated here."""
         dtype = meta.torch_dtype
         self.finite = finite
         self.meta = meta
-        self.guard = max(256, 4096 // dtype.itemsize)
+        self.guard = self.guard_elements(dtype)
         bits_dtype, self.bits = _POISON[dtype]
         if dtype in _NAN:
             _, base, payload = _NAN[dtype]
             self.bits = _signed(base | _SYSTEM.getrandbits(payload), bits_dtype)
         elif dtype in (torch.int32, torch.int64):
             self.bits = _signed(_SYSTEM.getrandbits(32 if dtype == torch.int32 else 64), bits_dtype)
-        self.buf = torch.empty(meta.numel + 2 * self.guard, dtype=dtype, device=device)
+        self.buf = torch.empty(self.size(meta), dtype=dtype, device=device) if buf is None else buf
         self.raw = self.buf.view(torch.uint8) if dtype == torch.bool else self.buf.view(bits_dtype)
         self.raw.fill_(self.bits)
         g, n = self.guard, meta.numel
@@ -97,6 +102,16 @@ class Guarded:
             fill = torch.randn(n, generator=gen, device=self.raw.device) * 3 if dtype.is_floating_point else \
                 torch.randint(0, 2 if dtype == torch.bool else 16, (n,), generator=gen, device=self.raw.device)
             self.buf[g:g + n].copy_(fill.to(dtype))
+
+    @staticmethod
+    def guard_elements(dtype: torch.dtype) -> int:
+        """Elements of each guard zone."""
+        return max(256, 4096 // dtype.itemsize)
+
+    @classmethod
+    def size(cls, meta: TensorMeta) -> int:
+        """Elements of the whole buffer: the output and its two guard zones."""
+        return meta.numel + 2 * cls.guard_elements(meta.torch_dtype)
 
     def guards_intact(self) -> bool:
         """True if nothing was written outside the output."""
@@ -120,6 +135,11 @@ def _signed(value: int, dtype: torch.dtype) -> int:
 def make_input(meta: TensorMeta, k: int, gen: torch.Generator, device: str) -> torch.Tensor:
     """Input set k for one tensor, with the meta's shape, dtype and stride: random and never zero for the
     sets of SCALES, the hard values (`_hard`) for the last of the SETS."""
+    return make_flat(meta, k, gen, device).as_strided(meta.shape, meta.stride)
+
+
+def make_flat(meta: TensorMeta, k: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """The storage of `make_input`'s tensor: every element its strides reach, in order."""
     span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride, strict=True)) if meta.numel else 0
     dtype = meta.torch_dtype
     dev = gen.device  # generated where the generator lives: on the GPU for CUDA workers (fast)
@@ -135,8 +155,7 @@ def make_input(meta: TensorMeta, k: int, gen: torch.Generator, device: str) -> t
         flat = torch.randint(0, 2, (span,), generator=gen, device=dev).bool()
     else:
         flat = torch.randint(0, 16, (span,), generator=gen, device=dev)
-    flat = flat.to(dtype).to(device)
-    return flat.as_strided(meta.shape, meta.stride)
+    return flat.to(dtype).to(device)
 
 
 def _hard(n: int, dtype: torch.dtype, wide: torch.dtype, gen: torch.Generator) -> torch.Tensor:
@@ -200,6 +219,31 @@ class Reference:
         return eager, high
 
 
+class Target(ABC):
+    """The candidate as the judge reaches it: placed tensors are shared with the process that runs it."""
+
+    @abstractmethod
+    def place(self, inputs: Sequence[TensorMeta], buffers: Sequence[tuple[int, torch.dtype]]
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Shared tensors for one call: one per input meta (its shape and strides), and flat buffers of
+        (elements, dtype) for the outputs. Valid until the next `place`."""
+
+    @abstractmethod
+    def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        """Run the candidate once on placed tensors and wait until it returned; a failure raises
+        forge.judge.Rejected with its result."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Wait for this process's own device work."""
+
+
+def fill(view: torch.Tensor, flat: torch.Tensor) -> None:
+    """Write `flat` (make_flat's storage) into a placed input, every element its strides reach."""
+    if flat.numel():
+        view.as_strided((flat.numel(),), (1,)).copy_(flat)
+
+
 def _still_writing(outs: list[Guarded], settle_s: float, sync: Callable[[], None]) -> bool:
     """True if any output buffer changes within `settle_s` after the call was synchronised."""
     before = [o.raw.clone() for o in outs]
@@ -208,9 +252,8 @@ def _still_writing(outs: list[Guarded], settle_s: float, sync: Callable[[], None
     return any(not torch.equal(o.raw, b) for o, b in zip(outs, before, strict=True))
 
 
-def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[], None]],
-           ref: Reference, inputs_meta: tuple[TensorMeta, ...], outputs_meta: tuple[TensorMeta, ...],
-           device: str, seed: int, sync: Callable[[], None], settle_s: float = 0.0,
+def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
+           outputs_meta: tuple[TensorMeta, ...], device: str, seed: int, settle_s: float = 0.0,
            finite_fill: bool = False) -> Verdict:
     """Run the candidate on the SETS fresh input sets and judge every output; see the module docstring.
     `settle_s`: after each call, wait this long and fail an output that changed meanwhile (work left
@@ -225,25 +268,28 @@ def verify(bind: Callable[[list[torch.Tensor], list[torch.Tensor]], Callable[[],
     ref_prev: list[tuple[torch.Tensor, torch.Tensor]] = []  # the previous set's eager outputs, judged masks
     for k in range(sets):
         gen = generator(device, seed * 1000 + k)
-        inputs = [make_input(m, k, gen, device) for m in inputs_meta]
-        saved = [x.clone() for x in inputs]
-        eager, high = ref(inputs)
-        outs = [Guarded(m, device, finite_fill) for m in outputs_meta]
-        bind(inputs, [o.tensor for o in outs])()
-        sync()
-        if settle_s and _still_writing(outs, settle_s, sync):
+        flats = [make_flat(m, k, gen, device) for m in inputs_meta]
+        mine = [f.as_strided(m.shape, m.stride) for f, m in zip(flats, inputs_meta, strict=True)]  # never shared
+        eager, high = ref(mine)
+        inputs, bufs = target.place(inputs_meta, [(Guarded.size(m), m.torch_dtype) for m in outputs_meta])
+        for view, flat in zip(inputs, flats, strict=True):
+            fill(view, flat)
+        outs = [Guarded(m, device, finite_fill, b) for m, b in zip(outputs_meta, bufs, strict=True)]
+        target.sync()
+        target.call(inputs, [o.tensor for o in outs])
+        if settle_s and _still_writing(outs, settle_s, target.sync):
             return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {k}: an output changed after the call returned "
                            "(work left running on a thread or stream)", detail)
         row: dict[str, Any] = {"set": k}
         detail["sets"].append(row)
         masks: list[torch.Tensor] = []
+        for j, (x, s) in enumerate(zip(inputs, mine, strict=True)):
+            if not torch.equal(x, s):
+                return Verdict(Status.INPUT_MUTATED, f"input {j} changed during the call", detail)
         for i, (o, e, h, m) in enumerate(zip(outs, eager, high, outputs_meta, strict=True)):
             name = f"output {i} ({m.short()})"
             if not o.guards_intact():
                 return Verdict(Status.OUT_OF_BOUNDS, f"{name}: wrote outside the output buffer", detail)
-            for j, (x, s) in enumerate(zip(inputs, saved, strict=True)):
-                if not torch.equal(x, s):
-                    return Verdict(Status.INPUT_MUTATED, f"input {j} changed during the call", detail)
             out, finite = o.tensor, judged(e, h, o.tensor.dtype)
             masks.append(finite)
             left = o.poisoned() & finite

@@ -1,9 +1,10 @@
-"""Parent side of the worker processes: start, send a request, time out, restart after a crash.
+"""Parent side of the worker processes: start, send a step, time out, restart after a crash.
 
 One long-lived worker per device (per GPU, pinned with CUDA_VISIBLE_DEVICES). A request that does not
 answer within its time limit gets TIMEOUT and the worker is killed and restarted; a worker that dies
 (end of file on the pipe) gives CRASH with its signal and the tail of its log. Either way the next
-request finds a fresh worker, so nothing a candidate does takes the harness down.
+request finds a fresh worker, so nothing a candidate does takes the harness down. A request is judged
+in this process (forge.judge) through the worker's steps and the arena they share (forge.arena).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from forge.arena import Arena
+from forge.judge import evaluate
 from forge.kernel import EvalResult, Status
 from forge.sandbox import limits, nondumpable, scrubbed_env
-from forge.worker import EvalRequest
+from forge.steps import EvalRequest, Reply
 
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -41,9 +44,11 @@ class Worker:
     """One worker process for one device; restarted whenever it crashes or hangs."""
 
     def __init__(self, device: str = "cpu", memory_bytes: int | None = None, start_timeout_s: float = 120.0,
-                 confined: bool | None = None) -> None:
+                 confined: bool | None = None, program: tuple[str, ...] = ("-m", "forge.worker")) -> None:
         """`confined`: the worker installs forge.confine's seccomp filter (default: on the CPU; a CUDA worker
-        also runs Triton, whose compiler is a program it starts)."""
+        also runs Triton, whose compiler is a program it starts). `program`: what Python runs (tests run a
+        worker a candidate has taken over)."""
+        self.program = program
         self.device = device
         self.confined = device == "cpu" if confined is None else confined
         self.unconfined = ""  # why the worker could not confine itself, when it could not
@@ -52,7 +57,9 @@ class Worker:
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
+        self.last_exit: int | None = None  # the exit code (-signal) of the last worker that died in a step
         self._dir = tempfile.TemporaryDirectory(prefix="forge-worker-")
+        self.arena = Arena(device)
 
     @property
     def log_path(self) -> Path:
@@ -75,9 +82,10 @@ class Worker:
             dev = "cuda:0"
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "forge.worker", str(req_r), str(res_w), dev,
+            [sys.executable, *self.program, str(req_r), str(res_w), dev,
              *(["confine"] if self.confined else [])],
-            pass_fds=(req_r, res_w), env=scrubbed_env(extra), cwd=self._dir.name, stdin=subprocess.DEVNULL,
+            pass_fds=(req_r, res_w) + ((self.arena.fd,) if self.arena.fd >= 0 else ()),  # the CPU arena's memfd
+            env=scrubbed_env(extra), cwd=self._dir.name, stdin=subprocess.DEVNULL,
             stdout=self.logf, stderr=subprocess.STDOUT, preexec_fn=limits(self.memory_bytes, None))
         os.close(req_r)
         os.close(res_w)
@@ -115,23 +123,29 @@ class Worker:
             return ""
 
     def request(self, req: EvalRequest, timeout_s: float = 120.0) -> EvalResult:
-        """Send one request; failures of the process come back as TIMEOUT or CRASH results."""
+        """Judge one candidate (forge.judge); failures of the process come back as TIMEOUT or CRASH results."""
+        self.log_path.write_bytes(b"")  # the log tail of a failure should be this request's
+        return evaluate(self, req, timeout_s)
+
+    def exchange(self, msg: object, timeout_s: float) -> Reply | EvalResult:
+        """Send one step and wait for its Reply; a TIMEOUT or CRASH result when the worker hangs or dies (it
+        is restarted for the next step)."""
         if self.proc is None or self.proc.poll() is not None:
             self._stop()
             self._start()
         assert self.proc is not None
         start = time.perf_counter()
-        self.log_path.write_bytes(b"")  # the log tail of a failure should be this request's
         try:
-            self.conn_out.send(req)
+            self.conn_out.send(msg)
             if not self.conn_in.poll(timeout_s):
                 self._restart()
                 return EvalResult(Status.TIMEOUT, f"no answer within {timeout_s:.0f} s (a hang or an infinite "
                                   "loop); the worker was killed", device=self.device,
                                   device_s=time.perf_counter() - start)
-            res: EvalResult = self.conn_in.recv()
+            reply, _ = self.conn_in.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             code = self.proc.wait(timeout=30)
+            self.last_exit = code
             tail = self.log_tail()
             self._restart()
             if code == -signal.SIGSYS and self.confined:
@@ -141,9 +155,9 @@ class Worker:
             status = Status.OUT_OF_MEMORY if "MemoryError" in tail or "bad_alloc" in tail else Status.CRASH
             return EvalResult(status, f"the worker died ({_signal_name(code)})" + (f": {tail}" if tail else ""),
                               device=self.device, device_s=time.perf_counter() - start)
-        if self.proc.poll() is not None or res.status is Status.CRASH:
+        if self.proc.poll() is not None or reply.fatal:
             self._restart()
-        return res
+        return reply
 
     def _restart(self) -> None:
         """Stop the worker; the next request starts a new one."""
@@ -153,6 +167,7 @@ class Worker:
     def close(self) -> None:
         """Stop the worker and remove its directory."""
         self._stop()
+        self.arena.close()
         self._dir.cleanup()
 
     def __enter__(self) -> Worker:

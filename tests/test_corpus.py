@@ -55,8 +55,9 @@ BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_con
                 "macro_constructor": "forbidden_code", "exit_handler": "forbidden_code",
                 "raw_syscall": "forbidden_io", "pointer_to_kill": "forbidden_io", "pasted_getenv": "forbidden_io",
                 "patches_interpreter": "forbidden_code"}
-# CPU kernels the text checks stop (class C of issue 13: the candidate shares the judge's process).
-CPU_KINDS = {"reads_proc_maps": "forbidden_io"}
+# CPU-only kinds: what the text checks stop (class C of issue 13: reaching into the worker's process), and
+# an input used as scratch and restored (class E: inputs are read-only during a CPU verification call).
+CPU_KINDS = {"reads_proc_maps": "forbidden_io", "restores_input": "input_mutated"}
 # CPU kernels that pass the text checks and the built library's: only the worker's seccomp filter stops them.
 RUNTIME_KINDS = {"libc_walk": "forbidden_io", "signals_harness": "forbidden_io"}
 TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",

@@ -233,7 +233,7 @@ def test_mixed_policy_seeds_with_recipes_and_tunes_llm_kernels(tasks, ev, tmp_pa
         recipes = [p for p in root if not isinstance(p, Idea)]
         assert len(llm) == 1 and len(recipes) >= 2 and root[1] == llm[0]  # recipes seed the tree, interleaved
         cands, results = judge(root)
-        assert all(r.status.passed for r in results)
+        assert all(r.status.passed for r in results), [(r.status.value, r.message) for r in results]
         times = {p: r.timing.median_us for p, r in zip(root, results, strict=True)}
         best_recipe = min(recipes, key=times.get)
         # below the recipes' best, the LLM is asked to improve the recipe's kernel

@@ -1,9 +1,12 @@
-"""forge.spotcheck with the real clock: inputs perturbed every round, kept calls only from timed rounds."""
+"""forge.spotcheck with the real clock: inputs perturbed every round, kept calls only from timed rounds,
+copied out as the worker copies them into the arena and judged by forge.judge."""
 
 import torch
 
 from forge.bench import BenchConfig, Clock, interleaved
 from forge.capture import TensorMeta
+from forge.judge import judge_kept
+from forge.kernel import TaskSpec
 from forge.verify import Reference
 
 SOURCE = '''
@@ -42,7 +45,7 @@ def test_kept_calls_come_from_timed_rounds_and_wrong_ones_are_judged():
     assert not torch.equal(x, first)  # perturbed in place, every round
     assert timed_now.count(True) >= 10 and timed_now[:3] == [False] * 3
     assert 1 <= len(spot.kept) <= 2
-    wrong = spot.judge(Reference(SOURCE))
+    wrong = judge_kept(Reference(SOURCE), _task(meta), _stored(spot, meta), "timed")
     assert wrong is not None and wrong.status.value == "wrong_result" and "timed call" in wrong.message
 
 
@@ -54,4 +57,16 @@ def test_a_right_kernel_passes_the_spot_checks():
     cand = spot.wrap(lambda inputs, outputs: outputs[0].copy_(inputs[0] * 2))
     interleaved(Clock("cpu"), [cand, lambda: x * 2], BenchConfig(warmup_s=0.01, budget_s=0.02, min_runs=10),
                 spot.prepare)
-    assert spot.kept and spot.judge(Reference(SOURCE)) is None
+    meta = spot.outputs
+    assert spot.kept and judge_kept(Reference(SOURCE), _task(meta), _stored(spot, meta), "timed") is None
+
+
+def _task(meta: tuple[TensorMeta, ...]) -> TaskSpec:
+    return TaskSpec("mul", SOURCE, meta, meta, 0)
+
+
+def _stored(spot, meta):  # noqa: ANN001, ANN202
+    """The kept calls as the worker hands them over: copied into buffers of their own."""
+    slots = [([torch.empty(m.shape) for m in meta], [torch.empty(m.shape) for m in meta]) for _ in spot.kept]
+    assert spot.store(slots) == len(spot.kept)
+    return slots

@@ -1,0 +1,40 @@
+"""A worker process a candidate has taken over (issue 13, class C), for tests/test_judge.py.
+
+Run as `python tests/taken_over_worker.py MODE FD_IN FD_OUT DEVICE [confine]`: patches what MODE names in
+this process, as code that escaped into the interpreter could, then serves steps as forge.worker does.
+- `none`: nothing (the control);
+- `fast-clock`: the candidate's timed median reported 20x lower than measured;
+- `slow-eager`: eager's timed median reported 20x higher than measured;
+- `verifier`: forge.verify's and forge.spotcheck's judging made to pass everything (the judge is elsewhere).
+"""
+
+import sys
+from dataclasses import replace
+
+import forge.spotcheck
+import forge.verify
+import forge.worker
+
+
+def _scaled(candidate: float, eager: float):  # noqa: ANN202 - a patch
+    real = forge.worker.interleaved
+
+    def interleaved(clock, fns, cfg, prepare=None):  # noqa: ANN001, ANN202
+        timing, baseline = real(clock, fns, cfg, prepare)
+        return [replace(timing, median_us=timing.median_us * candidate), replace(baseline,
+                median_us=baseline.median_us * eager)]
+    return interleaved
+
+
+mode, argv = sys.argv[1], sys.argv[2:]
+if mode == "fast-clock":
+    forge.worker.interleaved = _scaled(1 / 20, 1.0)
+elif mode == "slow-eager":
+    forge.worker.interleaved = _scaled(1.0, 20.0)
+elif mode == "verifier":
+    forge.verify.within_tolerance = lambda *a, **k: None
+    forge.verify.nonfinite = lambda *a, **k: None
+    forge.verify.rel_error = lambda *a, **k: 0.0
+elif mode != "none":
+    raise SystemExit(f"unknown mode {mode!r}")
+sys.exit(forge.worker.main(argv))

@@ -1,0 +1,94 @@
+"""The judge in its own process (issue 13 item 1): a worker a candidate has taken over cannot change the
+verdict or the times it is ranked by. Real worker processes (tests/taken_over_worker.py patches one as an
+escaped candidate would), real builds, real SiLU kernels from tests/corpus/cpu."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from forge.capture import capture
+from forge.evaluate import Evaluator
+from forge.kernel import Candidate, Status, TaskSpec
+from forge.tasks import build_tasks
+from forge.workers import Worker
+
+CORPUS = Path(__file__).resolve().parent / "corpus" / "cpu"
+TAKEN_OVER = str(Path(__file__).resolve().parent / "taken_over_worker.py")
+
+# Right (SiLU within float32's tolerance) and slow: 64 exponentials an element, so that its time is far
+# above the judge's slack and a clock that claims 20x less cannot hide in the noise.
+SLOW_SILU = r"""
+#include <math.h>
+#include <stdint.h>
+
+#include "forge_abi.h"
+
+extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {
+  int64_t n = 1;
+  for (int d = 0; d < in[0].ndim; ++d) n *= in[0].shape[d];
+  const float* x = static_cast<const float*>(in[0].data);
+  float* y = static_cast<float*>(out[0].data);
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) {
+    float s = 0.0f;
+    for (int r = 0; r < 64; ++r) s += expf(-x[i] - (float)r * 1e-30f);
+    y[i] = x[i] / (1.0f + s / 64.0f);
+  }
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def spec() -> TaskSpec:
+    tasks = build_tasks(capture(torch.nn.SiLU(), [torch.randn(257, 1000)]).graph_module.graph)
+    return TaskSpec.of(tasks[0])
+
+
+def _evaluate(mode: str, spec: TaskSpec, cand: Candidate, tmp_path: Path) -> object:
+    with Evaluator("cpu", timeout_s=60, cache_dir=tmp_path) as ev:
+        ev.worker.close()
+        ev.worker = Worker("cpu", program=(TAKEN_OVER, mode))
+        return ev.evaluate(spec, cand)
+
+
+def test_an_untouched_worker_passes_a_slow_right_kernel(spec: TaskSpec, tmp_path: Path) -> None:
+    r = _evaluate("none", spec, Candidate("cpu", SLOW_SILU), tmp_path)
+    assert r.status is Status.OK, r.message
+    assert r.timing is not None and r.baseline is not None and r.timing.median_us > r.baseline.median_us
+
+
+def test_a_clock_that_claims_less_time_is_caught(spec: TaskSpec, tmp_path: Path) -> None:
+    r = _evaluate("fast-clock", spec, Candidate("cpu", SLOW_SILU), tmp_path)
+    assert r.status is Status.FORBIDDEN_TIMER, f"{r.status}: {r.message}"
+    assert "clock disagrees" in r.message
+
+
+def test_an_eager_time_made_slower_is_caught(spec: TaskSpec, tmp_path: Path) -> None:
+    r = _evaluate("slow-eager", spec, Candidate.from_file(CORPUS / "good.cpp"), tmp_path)
+    assert r.status is Status.FORBIDDEN_TIMER, f"{r.status}: {r.message}"
+    assert "eager time" in r.message
+
+
+@pytest.mark.parametrize(("kind", "status"), [("wrong_result", Status.WRONG_RESULT), ("nan", Status.NONFINITE),
+                                               ("drift_after_judging", Status.WRONG_RESULT)])
+def test_patching_the_verifier_in_the_worker_changes_nothing(kind: str, status: Status, spec: TaskSpec,
+                                                             tmp_path: Path) -> None:
+    """forge.verify's judging patched to pass everything, in the worker: the verdict is made elsewhere."""
+    r = _evaluate("verifier", spec, Candidate.from_file(CORPUS / f"{kind}.cpp"), tmp_path)
+    assert r.status is status, f"{r.status}: {r.message}"
+
+
+def test_the_worker_holds_no_judge() -> None:
+    """The worker's process imports neither the verifier nor the judge (import-linter checks the source;
+    this checks the running process)."""
+    import subprocess
+
+    code = ("import sys, forge.worker; bad = [m for m in ('forge.verify', 'forge.judge') if m in sys.modules];"
+            " print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

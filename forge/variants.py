@@ -52,11 +52,13 @@ class Variant:
     kernels: bool = True
     rewrites: tuple[str, ...] = ()
     runtime: str = "graph"
+    without: tuple[str, ...] = ()  # task keys of found kernels left out (they fell back under Inductor)
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
             raise ValueError(f"Invalid runtime {self.runtime!r}: choose from {', '.join(RUNTIMES)}")
         object.__setattr__(self, "rewrites", parse(self.rewrites))
+        object.__setattr__(self, "without", tuple(sorted(self.without)))
 
     @property
     def own_model(self) -> bool:
@@ -66,24 +68,26 @@ class Variant:
     @property
     def name(self) -> str:
         """Human-readable, e.g. 'kernels + fold-bn + channels-last, cuda-graph' or 'model, inductor'."""
-        parts = (["kernels"] if self.kernels else []) + list(self.rewrites)
+        kernels = f"kernels (less {len(self.without)})" if self.without else "kernels"
+        parts = ([kernels] if self.kernels else []) + list(self.rewrites)
         return f"{' + '.join(parts) or ('model' if self.own_model else 'eager graph')}, {self.runtime}"
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form."""
         return {"kernels": self.kernels, "rewrites": list(self.rewrites), "runtime": self.runtime,
-                "name": self.name}
+                "without": list(self.without), "name": self.name}
 
     @classmethod
     def parse(cls, d: dict[str, Any]) -> Variant:
         """Inverse of to_json; ValueError on a malformed entry."""
         try:
             kernels, rewrites, runtime = d["kernels"], tuple(d["rewrites"]), str(d["runtime"])
+            without = tuple(str(k) for k in d.get("without", ()))
         except (KeyError, TypeError) as e:
             raise ValueError(f"Invalid variant: {d!r}") from e
         if not isinstance(kernels, bool):
             raise ValueError(f"Invalid variant (kernels must be true or false): {d!r}")
-        return cls(kernels, rewrites, runtime)
+        return cls(kernels, rewrites, runtime, without)
 
 
 TRIVIAL = Variant(False, (), "graph")  # the captured graph run as it is: eager by another name
@@ -101,6 +105,7 @@ class Measured:
     peak_mem_ratio: float | None  # peak device memory of a forward over eager's (CUDA only)
     sites: dict[str, int] = field(default_factory=dict)  # rewrites: sites rewritten
     error: str = ""
+    fell: tuple[str, ...] = ()  # task keys of kernels that fell back to eager (the variant then failed)
 
     @property
     def ratio(self) -> float:
@@ -127,7 +132,8 @@ def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     if variant.own_model:  # nothing of forge's in it: the model itself, as torch.compile(model) would (the
         # captured graph, with parameters as inputs, compiled measurably slower than that on some CPU problems)
         return Compiled(_Call(model), None, variant.runtime == "inductor-cuda-graph"), None, {}
-    opt = apply(model, inputs, kernels if variant.kernels else [], strict=strict,
+    used = [k for k in kernels if k.key not in variant.without] if variant.kernels else []
+    opt = apply(model, inputs, used, strict=strict,
                 cuda_graph=variant.runtime == "cuda-graph", cap=cap)
     sites: dict[str, int] = {}
     if variant.rewrites:  # rewritten layouts (slices, NHWC) may not take a view: reshapes, then one recompile
@@ -225,16 +231,25 @@ def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtif
             raise RuntimeError(f"not capturable as a CUDA graph: {opt.graph_error}")
         match, err = outputs_match(model, fn, fresh_inputs(inputs))
         peak = _peak_ratio(fn, model, inputs, base)
-        fell = sorted({f"{k} ({', '.join(c.fallbacks)})" for k, c in (opt.counters() if opt else {}).items()
-                       if c.fallbacks})
+        fell = {k: c for k, c in (opt.counters() if opt else {}).items() if c.fallbacks}
         if fell:  # a rewrite or a compiler changed a kernel's input layout: the variant is not what it says
-            raise RuntimeError(f"{len(fell)} kernels fall back to eager: {'; '.join(fell)}"[:300])
+            raise _FellBack(tuple(sorted(fell)), f"{len(fell)} kernels fall back to eager: " + "; ".join(
+                f"{k} ({', '.join(c.fallbacks)})" for k, c in sorted(fell.items())))
     except Exception as e:  # noqa: BLE001 - a variant that cannot be built or run is a result, not a crash
         log.warning("variant %s failed: %s: %s", variant.name, type(e).__name__, e)
-        return Measured(variant, 0.0, 0.0, False, float("inf"), None, {}, f"{type(e).__name__}: {e}"[:300]), None
+        return Measured(variant, 0.0, 0.0, False, float("inf"), None, {}, f"{type(e).__name__}: {e}"[:300],
+                        e.keys if isinstance(e, _FellBack) else ()), None
     log.info("variant %s: %.3f ms against eager %.3f (%.2fx), match %s, %.1f s", variant.name, ms, eager_ms,
              eager_ms / ms if ms else 0.0, match, time.monotonic() - start)
     return Measured(variant, eager_ms, ms, match, err, peak, sites), fn
+
+
+class _FellBack(RuntimeError):
+    """Kernels of a variant fell back to eager (their keys)."""
+
+    def __init__(self, keys: tuple[str, ...], message: str) -> None:
+        super().__init__(message[:300])
+        self.keys = keys
 
 
 def _greedy(run: Callable[..., Measured], kernels: bool, names: tuple[str, ...], cuda: bool
@@ -293,11 +308,15 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
                 for h, later in heads]
     compiled += [replace(h.variant, runtime=runtime) for h, later in heads if later]
     last = 0.0  # seconds the last compilation took (with its timing)
-    for v in compiled if compile else []:
+    queue = compiled if compile else []
+    while queue:
+        v = queue.pop(0)
         now = time.monotonic()
         if deadline is not None and now > deadline or finish is not None and now + last > finish:
             break
-        run(v)  # a failed head is compiled too: Inductor may run it
+        m = run(v)  # a failed head is compiled too: Inductor may run it
         last = time.monotonic() - now
+        if m.fell and not v.without:  # Inductor gave some kernels another layout: next, the variant without them
+            queue.insert(0, replace(v, without=m.fell))
     # the fastest that ran, of the variants that are something other than eager by another name
     return min((m for m in tried if m.ok and m.variant != TRIVIAL), key=_time, default=best), tried

@@ -214,3 +214,20 @@ def test_a_tampered_artifact_is_refused_and_manifest_text_never_runs(swiglu, tmp
     assert sum(sum(c.fallbacks.values()) for c in opt.counters().values()) >= 1
     artifact.load(saved, loaded.model, loaded.inputs, verify=True)
     assert not mark.exists()
+
+
+def test_a_variant_without_some_kernels_runs_the_rest(swiglu):
+    """What choose tries when Inductor gave some kernels another layout (they fell back): the same variant
+    without them, named so, rebuilt so by forge.load (the manifest keeps the keys left out)."""
+    from forge.variants import Variant, build
+
+    loaded, arts = swiglu
+    dropped = arts[0].key
+    v = Variant(True, (), "graph", without=(dropped,))
+    assert v.name == "kernels (less 1), graph" and Variant.parse(v.to_json()) == v
+    assert Variant.parse({"kernels": True, "rewrites": [], "runtime": "graph"}).without == ()  # older manifests
+    fn, opt, _ = build(loaded.model, loaded.inputs, arts, v, "cpu")
+    x = torch.randn(4, 256, 512)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), loaded.model(x))
+    assert set(opt.counters()) == {a.key for a in arts} - {dropped}

@@ -8,23 +8,25 @@ floor's bandwidth, and a clock the candidate cannot reach. One evaluation:
 2. called twice on the same buffers, poisoned in between: work skipped on a repeated call;
 3. `Time`: the worker times candidate and eager interleaved with its clock, inputs perturbed every round,
    random timed calls kept; the judge compares the kept calls with the reference;
-4. the cross-check of the worker's clock: a batch of rounds, perturbed and kept like the timed ones, timed
-   here by the wall clock around the whole step, must not take longer than the claimed candidate time
-   allows (RATIO times, plus the rounds' own overhead measured here, plus SLACK_US); the claimed eager time
-   must not exceed RATIO times eager's as timed here (plus SLACK_US). A disagreement is `forbidden_timer`;
+4. the cross-check of the worker's clock: batches of rounds, perturbed and kept like the timed ones, timed
+   here by the wall clock around each step; the least disturbed must not take longer a round than the
+   claimed candidate time allows (RATIO times it and the rounds' own overhead measured here, plus
+   SLACK_US): else `forbidden_timer`. A claimed eager time over RATIO times eager's as timed here (plus
+   SLACK_US) is replaced by this process's measurement;
 5. verification again on the SETS from a secret seed, outputs pre-filled with finite values and watched
    for a moment after each call; then the roofline floor.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -52,9 +54,11 @@ if TYPE_CHECKING:
 
 RATIO = 2.0  # how far the judge's clock may exceed the worker's before the times are called made up
 SLACK_US = 50.0  # per round, on top: launch and loop costs the judge cannot see
-BATCH_S = 0.02  # claimed time of the cross-check's batch
+BATCH_S = 0.02  # claimed time of the cross-check's batches, together
+SPLIT = 4  # batches: the least disturbed one counts
 ALLOWANCE_S = 0.002  # the step's own round trip (pipe, mapping the arena)
 _SYSTEM = random.SystemRandom()
+log = logging.getLogger(__name__)
 
 
 class Rejected(Exception):  # noqa: N818 - a verdict, not an error
@@ -71,7 +75,7 @@ class _Here:
 
     clocks: dict[str, Clock]
     bandwidth: dict[str, float]
-    tasks: dict[tuple[str, str], tuple[float, float]]  # (device, task) -> (eager median us, round overhead us)
+    tasks: dict[tuple[str, str], tuple[Timing, float]]  # (device, task) -> (eager's timing, round overhead us)
 
 
 _HERE = _Here({}, {}, {})
@@ -175,9 +179,12 @@ def evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         if wrong is not None:
             return result(wrong.status, wrong.message, verify={**detail, "timed": wrong.detail})
         assert timing is not None and baseline is not None
-        disagree = _cross_check(remote, ref, task, device, timing, baseline, req.bench)
+        disagree = _batch_check(remote, ref, task, device, timing, req.bench)
+        if disagree:  # measured a second time before it counts (a busy machine slows one measurement)
+            disagree = _batch_check(remote, ref, task, device, timing, req.bench)
         if disagree:
             return result(Status.FORBIDDEN_TIMER, disagree, verify=detail, timing=timing, baseline=baseline)
+        baseline, detail = _eager_check(ref, task, device, baseline, req.bench, detail)
         # The calls judged are not only the first ones: the sets again, from a seed drawn here, after all
         # the timed calls, into outputs holding finite values (not the NaN poison a kernel could look for),
         # each output watched for a moment after its call returned.
@@ -264,22 +271,21 @@ def _timed(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: in
     return reply.timing, reply.baseline, wrong
 
 
-def _cross_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, timing: Timing,
-                 baseline: Timing, bench: BenchConfig) -> str:
-    """"" when the worker's times agree with this process's clock (see the module doc), else why not. A
-    disagreement is measured a second time before it counts (a busy machine slows one measurement)."""
-    disagree = _batch_check(remote, ref, task, device, timing, bench)
-    if disagree:
-        disagree = _batch_check(remote, ref, task, device, timing, bench)
-    if disagree:
-        return disagree
-    eager_us, _ = _measured_here(ref, task, device, bench)
-    if baseline.median_us > RATIO * eager_us + SLACK_US:
-        eager_us, _ = _measured_here(ref, task, device, bench, again=True)
-        if baseline.median_us > RATIO * eager_us + SLACK_US:
-            return (f"the worker's eager time {baseline.median_us:.1f} us is more than {RATIO:g}x forge's own "
-                    f"measurement of eager ({eager_us:.1f} us)")
-    return ""
+def _eager_check(ref: Reference, task: TaskSpec, device: str, baseline: Timing, bench: BenchConfig,
+                 detail: dict[str, Any]) -> tuple[Timing, dict[str, Any]]:
+    """The worker's eager time, or this process's own where the worker's is more than RATIO times it (plus
+    SLACK_US) twice: a candidate cannot make its baseline slower than the judge sees it (a busy machine, or
+    a candidate's spinning threads, can slow the worker's eager honestly too: so not a rejection)."""
+    here, _ = _measured_here(ref, task, device, bench)
+    if baseline.median_us <= RATIO * here.median_us + SLACK_US:
+        return baseline, detail
+    here, _ = _measured_here(ref, task, device, bench, again=True)
+    if baseline.median_us <= RATIO * here.median_us + SLACK_US:
+        return baseline, detail
+    note = (f"the worker's eager median {baseline.median_us:.1f} us is more than {RATIO:g}x forge's own "
+            f"({here.median_us:.1f} us): the candidate is ranked against forge's")
+    log.info("%s: %s", task.key, note)
+    return here, {**detail, "eager_disagrees": note}
 
 
 def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, timing: Timing,
@@ -292,21 +298,24 @@ def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, ti
     # the step's costs outside the rounds, at this device's copy rate: mapping the arena, copying kept calls
     call_bytes = sum(m.nbytes for m in (*task.inputs, *task.outputs))
     allowance = ALLOWANCE_S + (remote.arena.size + 4 * limit * call_bytes) / _bandwidth(device)
-    n = max(3, min(500, math.ceil(max(BATCH_S, 2 * allowance) * 1e6 / max(claimed + round_us, 1.0))))
-    reply, wall = remote.time(placed, _kept_views(task, bufs), bench, batch=n)
-    wrong = judge_kept(ref, task, _kept_views(task, bufs)[:reply.kept], "batched")
-    if wrong is not None:
-        raise Rejected(EvalResult(wrong.status, wrong.message, verify={"batched": wrong.detail}, device=device))
-    per_round = (wall - allowance) / n * 1e6
+    n = max(3, min(100, math.ceil(max(BATCH_S / SPLIT, 2 * allowance) * 1e6 / max(claimed + round_us, 1.0))))
+    per_round = float("inf")
+    for _ in range(SPLIT):  # the least disturbed of several batches: a busy machine slows some of them
+        reply, wall = remote.time(placed, _kept_views(task, bufs), bench, batch=n)
+        wrong = judge_kept(ref, task, _kept_views(task, bufs)[:reply.kept], "batched")
+        if wrong is not None:
+            raise Rejected(EvalResult(wrong.status, wrong.message, verify={"batched": wrong.detail}, device=device))
+        per_round = min(per_round, (wall - allowance) / n * 1e6)
     allowed = RATIO * (claimed + round_us) + SLACK_US
     if per_round > allowed:
-        return (f"the worker's clock disagrees with forge's: {n} calls took {per_round:.1f} us each by forge's "
-                f"clock, the worker measured {claimed:.1f} us (allowed up to {allowed:.1f})")
+        return (f"the worker's clock disagrees with forge's: {SPLIT} batches of {n} calls took at least "
+                f"{per_round:.1f} us a call by forge's clock, the worker measured {claimed:.1f} us (allowed up "
+                f"to {allowed:.1f})")
     return ""
 
 
 def _measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConfig, again: bool = False
-                   ) -> tuple[float, float]:
+                   ) -> tuple[Timing, float]:
     """Eager's median by this process's clock, and the cost of a round's perturbing and fresh outputs (per
     task and device, measured once, or `again`): what the cross-check holds the worker's times against."""
     key = (device, task.source + repr(task.inputs))
@@ -328,7 +337,7 @@ def _measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConf
                 [torch.empty(s, dtype=d, device=device) for s, d in shapes]
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
-        _HERE.tasks[key] = (eager.median_us, (time.perf_counter() - t0) / rounds * 1e6)
+        _HERE.tasks[key] = (eager, (time.perf_counter() - t0) / rounds * 1e6)
     return _HERE.tasks[key]
 
 

@@ -16,9 +16,12 @@ kept only if the forward got faster by more than the timing noise, outputs match
 time is left, the end of each chain is compiled by Inductor, the chain without kernels first, with the
 rewrites that pay only compiled (`Rewrite.pays_compiled`: attention as GEMMs around a softmax, whose
 passes Inductor fuses) added where they applied; then the chain ends without them, time permitting.
-Variants are compared by their own times, not by their ratios to eager: a launch-bound eager forward
-varies far more between measurements (4.3 to 7.5 ms for ResNet-50 bf16 on an H200, in one run) than a
-replayed graph does. A variant that fails to build or run is recorded with its error and not kept.
+A compiled variant whose kernels fell back to eager (Inductor handed them another layout than the one
+they were verified for, as it does the SD3.5 VAE's GroupNorms) is not what it says and fails; it is tried
+once more without those kernels (`Variant.without`, "kernels (less N)").
+Variants are compared by their own times, not by their ratios to eager: a launch-bound eager forward varies
+far more between measurements (4.3 to 7.5 ms for ResNet-50 bf16 on an H200, in one run) than a replayed
+graph does. A variant that fails to build or run is recorded with its error and not kept.
 """
 
 from __future__ import annotations

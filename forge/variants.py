@@ -18,7 +18,8 @@ rewrites that pay only compiled (`Rewrite.pays_compiled`: attention as GEMMs aro
 passes Inductor fuses) added where they applied; then the chain ends without them, time permitting.
 A compiled variant whose kernels fell back to eager (Inductor handed them another layout than the one
 they were verified for, as it does the SD3.5 VAE's GroupNorms) is not what it says and fails; it is tried
-once more without those kernels (`Variant.without`, "kernels (less N)").
+again without those kernels (`Variant.without`, "kernels (less N)"), as long as any are left and time
+permits.
 Variants are compared by their own times, not by their ratios to eager: a launch-bound eager forward varies
 far more between measurements (4.3 to 7.5 ms for ResNet-50 bf16 on an H200, in one run) than a replayed
 graph does. A variant that fails to build or run is recorded with its error and not kept.
@@ -319,7 +320,10 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
             break
         m = run(v)  # a failed head is compiled too: Inductor may run it
         last = time.monotonic() - now
-        if m.fell and not v.without:  # Inductor gave some kernels another layout: next, the variant without them
-            queue.insert(0, replace(v, without=m.fell))
+        # Inductor gave some kernels another layout: next, the variant without them (dropping some moves
+        # Inductor's layout choices for others: on the SD3.5 VAE 2 fell back, then 3 more), while any are left
+        without = tuple(sorted({*v.without, *m.fell}))
+        if m.fell and len(without) < len(kernels):
+            queue.insert(0, replace(v, without=without))
     # the fastest that ran, of the variants that are something other than eager by another name
     return min((m for m in tried if m.ok and m.variant != TRIVIAL), key=_time, default=best), tried

@@ -109,8 +109,9 @@ class Arena:
         return self._used
 
     def page(self) -> None:
-        """Start what is planned next on a fresh page (inputs made read-only share no page with outputs)."""
-        self._used = -(-self._used // mmap.PAGESIZE) * mmap.PAGESIZE
+        """Start what is planned next on a fresh page (inputs made read-only share no page with outputs), at
+        a random offset into it and the next 15 (so that outputs, too, move from step to step)."""
+        self._used = -(-self._used // mmap.PAGESIZE) * mmap.PAGESIZE + secrets.randbelow(256) * _ALIGN
 
     def flat(self, numel: int, dtype: torch.dtype) -> Slot:
         """A slot for a 1-D buffer of `numel` elements."""

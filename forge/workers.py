@@ -22,7 +22,7 @@ from pathlib import Path
 from forge.arena import Arena
 from forge.judge import evaluate
 from forge.kernel import EvalResult, Status
-from forge.sandbox import limits, nondumpable, scrubbed_env
+from forge.sandbox import limits, network_namespace, nondumpable, scrubbed_env
 from forge.steps import EvalRequest, Reply
 
 log = logging.getLogger(__name__)
@@ -44,14 +44,18 @@ class Worker:
     """One worker process for one device; restarted whenever it crashes or hangs."""
 
     def __init__(self, device: str = "cpu", memory_bytes: int | None = None, start_timeout_s: float = 120.0,
-                 confined: bool | None = None, program: tuple[str, ...] = ("-m", "forge.worker")) -> None:
+                 confined: bool | None = None, program: tuple[str, ...] = ("-m", "forge.worker"),
+                 own_network: bool | None = None) -> None:
         """`confined`: the worker installs forge.confine's seccomp filter (default: on the CPU; a CUDA worker
         also runs Triton, whose compiler is a program it starts). `program`: what Python runs (tests run a
-        worker a candidate has taken over)."""
+        worker a candidate has taken over). `own_network`: a network namespace of its own when forge runs as
+        root (forge.sandbox.limits; default: on the CPU, until CUDA IPC inside one is measured on a GPU)."""
         self.program = program
+        self.isolate_network = device == "cpu" if own_network is None else own_network
         self.device = device
         self.confined = device == "cpu" if confined is None else confined
         self.unconfined = ""  # why the worker could not confine itself, when it could not
+        self.own_network = False  # the worker runs in a network namespace of its own (forge.sandbox.limits)
         nondumpable()  # a worker that is not root cannot read forge's environment or memory through /proc
         self.memory_bytes = memory_bytes
         self.start_timeout_s = start_timeout_s
@@ -86,7 +90,8 @@ class Worker:
              *(["confine"] if self.confined else [])],
             pass_fds=(req_r, res_w) + ((self.arena.fd,) if self.arena.fd >= 0 else ()),  # the CPU arena's memfd
             env=scrubbed_env(extra), cwd=self._dir.name, stdin=subprocess.DEVNULL,
-            stdout=self.logf, stderr=subprocess.STDOUT, preexec_fn=limits(self.memory_bytes, None))
+            stdout=self.logf, stderr=subprocess.STDOUT,
+            preexec_fn=limits(self.memory_bytes, None, self.isolate_network))
         os.close(req_r)
         os.close(res_w)
         self.conn_out = Connection(req_w, readable=False)
@@ -94,6 +99,8 @@ class Worker:
         if not self.conn_in.poll(self.start_timeout_s):
             self._stop()
             raise RuntimeError(f"the {self.device} worker did not start: {self.log_tail()}")
+        ns = network_namespace(self.proc.pid)
+        self.own_network = bool(ns) and ns != network_namespace()
         try:
             ready, self.unconfined = self.conn_in.recv()
             assert ready == "ready"

@@ -300,3 +300,39 @@ def test_worker_env_is_an_allowlist(spec: TaskSpec, tmp_path: Path, monkeypatch:
         assert name.encode() not in raw
         assert value.encode() not in raw
     assert not sorted(n for n in names if not allowed(n) and n not in ("PYTHONPATH", "PYTHONUNBUFFERED"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
+                    reason="a network namespace needs Linux and root (where it cannot be made, workers run without)")
+def test_a_root_worker_has_no_network(spec: TaskSpec, tmp_path: Path) -> None:
+    """A worker started by root lives in a network namespace of its own: no interface but a loopback, down
+    (the CUDA worker has no seccomp filter to refuse sockets: this is what keeps it off the network)."""
+    from forge.sandbox import network_namespace
+    from forge.workers import Worker
+
+    with Worker("cpu", confined=False) as w:
+        w._start()
+        assert w.proc is not None
+        if not w.own_network:
+            pytest.skip("this system refused the namespace (a container without CAP_SYS_ADMIN)")
+        assert network_namespace(w.proc.pid) != network_namespace()
+        devices = Path(f"/proc/{w.proc.pid}/net/dev").read_text().splitlines()[2:]
+        assert [d.split(":")[0].strip() for d in devices] == ["lo"]
+        assert Path(f"/proc/{w.proc.pid}/net/route").read_text().splitlines()[1:] == []  # no route anywhere
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="a network namespace needs root")
+@pytest.mark.parametrize("name", ["cuda/good.cu", "triton/good.py", "cuda/wrong_result.cu"])
+def test_a_cuda_worker_in_its_own_network_namespace_judges_as_before(name: str, spec: TaskSpec, tmp_path: Path) -> None:
+    """What must hold before CUDA workers get a network namespace by default: CUDA, Triton and the CUDA IPC
+    arena work inside one."""
+    from forge.workers import Worker
+
+    with Evaluator("cuda", timeout_s=60, cache_dir=tmp_path) as ev:
+        ev.worker.close()
+        ev.worker = Worker("cuda", own_network=True)
+        r = ev.evaluate(spec, Candidate.from_file(CORPUS / name))
+        if not ev.worker.own_network:
+            pytest.skip("this system refused the namespace")
+        assert r.status.value == expected(CORPUS / name), r.message

@@ -5,9 +5,9 @@ device-wide synchronisation; CPU: perf_counter, in alternating blocks of BLOCK c
 not counted), medians of each. Blocks on the CPU because code compiled by Inductor runs on an OpenMP pool
 of its own beside ATen's, and a pool that has just worked keeps its threads spinning: call by call, each
 side ran in the other's wake (a compiled RMSNorm measured 0.37 ms in blocks and 0.57 ms call by call,
-on 2 cores). Outputs: both run on fresh inputs
-(a new seed of the model's own input generator) and are compared with the dtype's tolerance relative
-to the magnitude of eager's output. When that fails, eager may be the inaccurate one (an output that is
+on 2 cores). Outputs: both run on fresh inputs (a new seed of the model's own input generator) and are
+compared with the dtype's tolerance for a model (forge.tolerance), relative to the magnitude of eager's
+output. When that fails, eager may be the inaccurate one (an output that is
 all rounding noise, such as a GroupNorm over one-element groups): both are then judged against the model
 run in float64, and forge matches if it is at most twice as far from it as eager is.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2, torch.float64: 1e-6}
+from forge.tolerance import rel_error, tolerance
 
 
 def _time_once(fn: Callable[[], Any], cuda: bool) -> float:
@@ -82,10 +82,9 @@ def compare(expected: Any, got: Any) -> tuple[bool, float]:
         if not e.is_floating_point():
             ok &= bool(torch.equal(e, o))
             continue
-        scale = e.double().abs().mean().clamp_min(1e-30)
-        err = float(((o.double() - e.double()).abs() / (e.double().abs() + scale)).max()) if e.numel() else 0.0
+        err = rel_error(o.double(), e.double())
         worst = max(worst, err)
-        ok &= err <= TOLERANCE.get(e.dtype, 1e-3) and bool((torch.isfinite(o) == torch.isfinite(e)).all())
+        ok &= err <= tolerance(e.dtype).model and bool((torch.isfinite(o) == torch.isfinite(e)).all())
     return ok, worst
 
 

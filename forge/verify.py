@@ -36,10 +36,8 @@ import torch
 from forge.capture import TensorMeta
 from forge.kernel import Status
 from forge.tasks import compile_source
+from forge.tolerance import rel_error, tolerance
 
-TOLERANCE = {"float32": 1e-4, "float64": 1e-9, "bfloat16": 2e-2, "float16": 5e-3}
-# Errors above tolerance but below this look like arithmetic in a lower precision than asked.
-LOW_PRECISION_BAND = {"float32": 5e-2, "float64": 1e-3, "bfloat16": 0.15, "float16": 0.15}
 SCALES = ((1.0, 0.0), (3.0, 0.5), (10.0, -1.0))
 SETS = len(SCALES) + 1  # input sets a verification runs: the scales, then the hard values
 _POISON = {torch.float32: (torch.int32, 0x7FC0DEAD), torch.float16: (torch.int16, 0x7E5A),  # NaNs
@@ -187,19 +185,6 @@ def _promote_source(source: str) -> str:
 
 def _promote(t: torch.Tensor) -> torch.Tensor:
     return t.to(_HIGHER[t.dtype]) if t.dtype in _HIGHER else t
-
-
-def rel_error(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor) -> float:
-    """max |out - ref| / (|ref| + mean |ref|) over `mask` (in float64 for float64 tensors, else float32: the
-    tolerances are far above float32's rounding of the reference)."""
-    n = int(mask.sum())
-    if n == 0:
-        return 0.0
-    wide = torch.float64 if torch.float64 in (out.dtype, ref.dtype) else torch.float32
-    o, r = out.to(wide), ref.to(wide)
-    ra = torch.where(mask, r.abs(), 0.0)
-    scale = (ra.sum() / n).clamp_min(1e-30)
-    return float(torch.where(mask, (o - r).abs() / (ra + scale), 0.0).max())
 
 
 class Reference:
@@ -372,11 +357,11 @@ def within_tolerance(name: str, out: torch.Tensor, eager: torch.Tensor, high: to
         return Verdict(Status.WRONG_RESULT, f"{name}: {int((out != eager).sum())} elements differ ({where})")
     err = rel_error(out, high, finite)
     eager_err = rel_error(eager, high, finite)
-    tol = max(TOLERANCE.get(dtype, 1e-4), 2 * eager_err)
+    tol = max(tolerance(dtype).kernel, 2 * eager_err)
     row.update({f"err{i}": err, f"eager_err{i}": eager_err, f"tol{i}": tol})
     if err <= tol:
         return None
-    band = max(LOW_PRECISION_BAND.get(dtype, 0.05), 2 * tol)
+    band = max(tolerance(dtype).low_precision, 2 * tol)
     status = Status.LOW_PRECISION if err <= band else Status.WRONG_RESULT
     kind = "looks computed in a lower precision than asked: " if status is Status.LOW_PRECISION else ""
     return Verdict(status, f"{name}: {kind}error {err:.3g} > tolerance {tol:.3g} ({where}, eager's error "

@@ -34,7 +34,7 @@ elif mode == "slow-eager":
 elif mode == "verifier":
     forge.verify.within_tolerance = lambda *a, **k: None
     forge.verify.nonfinite = lambda *a, **k: None
-    forge.verify.rel_error = lambda *a, **k: 0.0
+    forge.verify.rel_error = lambda *a, **k: 0.0  # the name forge.verify judges by
 elif mode != "none":
     raise SystemExit(f"unknown mode {mode!r}")
 sys.exit(forge.worker.main(argv))

@@ -1,0 +1,51 @@
+"""How close is close enough: the one error metric and the one tolerance table forge judges outputs by.
+
+Error: max |out - ref| / (|ref| + mean |ref|) over the judged elements (float64 when either side is, else
+float32: the tolerances are far above float32's rounding of the reference). The scale term `mean |ref|`
+keeps tiny outputs from passing as zeros and large ones from failing on rounding.
+
+Tolerances per dtype: `kernel`, one region against its reference in higher precision (forge.verify; above
+it, up to `low_precision`, an error looks like arithmetic in a lower precision than asked), and `model`, a
+whole forward against eager's (forge.endtoend: many regions' rounding adds up, and eager is not exact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The errors allowed for one dtype."""
+
+    kernel: float
+    model: float
+    low_precision: float
+
+
+TOLERANCES = {"float32": Tolerance(1e-4, 1e-3, 5e-2), "float64": Tolerance(1e-9, 1e-6, 1e-3),
+              "bfloat16": Tolerance(2e-2, 3e-2, 0.15), "float16": Tolerance(5e-3, 1e-2, 0.15)}
+DEFAULT = TOLERANCES["float32"]  # for a dtype without a row of its own
+
+
+def tolerance(dtype: str | torch.dtype) -> Tolerance:
+    """The row of a dtype (its name, or the torch dtype)."""
+    return TOLERANCES.get(str(dtype).removeprefix("torch."), DEFAULT)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """max |out - ref| / (|ref| + mean |ref|) over `mask` (every element without one); 0 when none."""
+    n = out.numel() if mask is None else int(mask.sum())
+    if n == 0:
+        return 0.0
+    wide = torch.float64 if torch.float64 in (out.dtype, ref.dtype) else torch.float32
+    o, r = out.to(wide), ref.to(wide)
+    if mask is None:
+        ra = r.abs()
+        scale = (ra.sum() / n).clamp_min(1e-30)
+        return float(((o - r).abs() / (ra + scale)).max())
+    ra = torch.where(mask, r.abs(), 0.0)
+    scale = (ra.sum() / n).clamp_min(1e-30)
+    return float(torch.where(mask, (o - r).abs() / (ra + scale), 0.0).max())

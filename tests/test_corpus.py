@@ -177,7 +177,7 @@ def test_only_the_seccomp_filter_stops_the_runtime_kinds(kind: str, spec: TaskSp
     cand = Candidate.from_file(CORPUS / "cpu" / f"{kind}.cpp")
     built = build(cand, cache_dir=tmp_path)
     assert built.ok and check_library(built.path, "cpu") == []
-    with Evaluator("cpu", timeout_s=15, cache_dir=tmp_path) as ev:
+    with Evaluator("cpu", timeout_s=15, cache_dir=tmp_path, bench=None) as ev:  # verified, not timed
         ev.worker.close()
         ev.worker = Worker("cpu", confined=False)
         assert ev.evaluate(spec, cand).status.value == "ok"

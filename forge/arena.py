@@ -6,10 +6,11 @@ buffer a call reads or writes in an arena both processes map, fills the inputs, 
 reads them back in place once the worker says the call returned.
 - CPU: one memfd per worker, created by the judge and inherited by the worker at start (no file to open:
   the worker's seccomp filter kills opens for writing); the judge sizes it with ftruncate (a call the
-  worker may not make), the worker maps it for each step and unmaps it after.
-- CUDA: one device buffer per step, allocated by the judge, opened in the worker by CUDA IPC
-  (`torch.multiprocessing.reductions`, a handle sent over the pipe); the worker synchronises the device
-  before it answers.
+  worker may not make); the worker maps it once per generation (a new one whenever the judge resizes it).
+- CUDA: one device buffer, allocated by the judge in a memory pool of its own (IPC shares a whole
+  segment: it must hold nothing else of the judge's), opened in the worker by CUDA IPC
+  (`torch.multiprocessing.reductions`, a handle sent over the pipe) once per generation; the worker
+  synchronises the device before it answers.
 A `Slot` is a place in the arena: an offset and the tensor's shape, stride and dtype. Messages carry
 slots and an `ArenaRef`, never tensors.
 """
@@ -91,6 +92,7 @@ class Arena:
         self._used = secrets.randbelow(256) * _ALIGN
         self._generation = 0
         self._cuda_args: tuple[Any, ...] | None = None
+        self._pool: Any = None  # CUDA: the arena's own torch.cuda.MemPool
 
     def plan(self, metas: Sequence[TensorMeta | tuple[tuple[int, ...], tuple[int, ...], str]]) -> list[Slot]:
         """Slots for these tensors (metas, or (shape, stride, dtype)) after those already planned this step."""
@@ -118,7 +120,8 @@ class Arena:
         return self.plan([((numel,), (1,), str(dtype).removeprefix("torch."))])[0]
 
     def open(self) -> ArenaRef:
-        """Make room for everything planned (zero-filled on the CPU) and share it; call `view` after."""
+        """Make room for everything planned and share it (bytes from earlier steps are left as they were: every
+        step fills what it reads); call `view` after."""
         size = max(self._used, _ALIGN)
         if size > self._size or self._base is None:  # grown by half again: few reallocations
             self._generation += 1
@@ -127,7 +130,12 @@ class Arena:
             if self.cuda:
                 from torch.multiprocessing.reductions import reduce_tensor
 
-                self._base = torch.empty(size, dtype=torch.uint8, device=self.device)
+                # A pool of its own whose blocks are never split: CUDA IPC shares the whole segment a block
+                # lies in, so the segment must hold nothing of the judge's (its references, its copies).
+                if self._pool is None:
+                    self._pool = torch.cuda.MemPool(no_split=True)
+                with torch.cuda.use_mem_pool(self._pool, device=self.device):
+                    self._base = torch.empty(size, dtype=torch.uint8, device=self.device)
                 self._cuda_args = tuple(reduce_tensor(self._base)[1])
             else:
                 os.ftruncate(self.fd, size)
@@ -195,6 +203,7 @@ class Mapped:
 
     def protect(self, slots: Sequence[Slot], writable: bool) -> bool:
         """Make the pages holding these slots read-only (or writable again); False where it cannot (CUDA)."""
+        slots = [s for s in slots if s.span_bytes]
         if self.base.is_cuda or not slots:
             return False
         lo = min(s.offset for s in slots) // mmap.PAGESIZE * mmap.PAGESIZE

@@ -119,14 +119,15 @@ class Remote(Target):
 
     def slot(self, t: torch.Tensor) -> Slot:
         """Where a placed tensor (or a view of one) lies in the arena."""
+        dtype = str(t.dtype).removeprefix("torch.")
+        if t.numel() == 0:  # an empty tensor is no place in the arena
+            return Slot(0, tuple(t.shape), tuple(t.stride()), dtype)
         base = self.arena.view(Slot(0, (1,), (1,), "uint8"))
-        return Slot(t.data_ptr() - base.data_ptr(), tuple(t.shape), tuple(t.stride()),
-                    str(t.dtype).removeprefix("torch."))
+        return Slot(t.data_ptr() - base.data_ptr(), tuple(t.shape), tuple(t.stride()), dtype)
 
     def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        """With the inputs read-only (CPU); a call that dies so is run again writable, and one that then
-        returns wrote into an input: `input_mutated` (left changed, the caller's comparison says so; restored,
-        this does)."""
+        """With the inputs read-only (CPU); a call that dies so (SIGSEGV) is run again writable, and one that
+        then returns wrote into an input: `input_mutated`, whether it restored the input or not."""
         ins, outs = tuple(self.slot(t) for t in inputs), tuple(self.slot(t) for t in outputs)
         saved = [t.clone() for t in inputs] if not self.cuda else []
         try:
@@ -140,9 +141,9 @@ class Remote(Target):
         assert self.loaded is not None
         self.step(self.loaded)  # into the new worker
         self.step(Call(self.arena.open(), ins, outs))
-        if all(torch.equal(t, s) for t, s in zip(inputs, saved, strict=True)):
-            raise Rejected(EvalResult(Status.INPUT_MUTATED, "wrote into an input during the call and restored it "
-                                      "after (read-only inputs made it crash)", device=self.device))
+        restored = all(torch.equal(t, s) for t, s in zip(inputs, saved, strict=True))
+        raise Rejected(EvalResult(Status.INPUT_MUTATED, "wrote into an input during the call" + (
+            " and restored it after" if restored else "") + " (read-only inputs made it crash)", device=self.device))
 
     def time(self, inputs: Sequence[torch.Tensor], kept: list[tuple[list[torch.Tensor], list[torch.Tensor]]],
              bench: BenchConfig, batch: int = 0) -> tuple[Reply, float]:
@@ -156,7 +157,15 @@ class Remote(Target):
 
 
 def evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
-    """One candidate judged (see the module doc); every failure is a result with its status."""
+    """One candidate judged (see the module doc); every failure is a result with its status. CUDA work of the
+    judge's runs on the worker's device (its streams, its synchronisations)."""
+    if worker.device.startswith("cuda"):
+        with torch.cuda.device(worker.device):
+            return _evaluate(worker, req, timeout_s)
+    return _evaluate(worker, req, timeout_s)
+
+
+def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
     start = time.perf_counter()
     device = worker.device
 
@@ -208,6 +217,11 @@ def evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         return result(Status.OK, "", verify=detail, timing=timing, baseline=baseline, floor_us=floor_us)
     except Rejected as r:
         return replace(r.result, device=device, device_s=time.perf_counter() - start)
+    except (torch.OutOfMemoryError, MemoryError) as e:  # the judge's own copies and references
+        return result(Status.OUT_OF_MEMORY, f"judging: {type(e).__name__}: {str(e)[:300]}")
+    except Exception as e:  # noqa: BLE001 - a failure is a result: the search goes on
+        log.exception("judging %s failed", task.key)
+        return result(Status.REFERENCE_ERROR, f"judging failed: {type(e).__name__}: {str(e)[:400]}")
     finally:
         worker.arena.reset()
         worker.arena.shrink()
@@ -269,11 +283,20 @@ def judge_kept(ref: Reference, task: TaskSpec, kept: list[tuple[list[torch.Tenso
     return None
 
 
+def _kept_some(reply: Reply, limit: int, where: str, device: str) -> None:
+    """A timing step keeps one call at least (drawn among the rounds that always run) and at most `limit`:
+    a worker that says otherwise kept nothing the judge could check."""
+    if not 1 <= reply.kept <= limit:
+        raise Rejected(EvalResult(Status.FORBIDDEN_TIMER, f"{where} rounds came back with {reply.kept} kept calls "
+                                  f"(1 to {limit} are drawn): nothing to judge them by", device=device))
+
+
 def _timed(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int, bench: BenchConfig
            ) -> tuple[Timing | None, Timing | None, Verdict | None]:
     limit = kept_limit(task.inputs, task.outputs)
     placed, bufs, _ = _inputs(remote, task, device, seed, _kept_buffers(task, limit))
     reply, _ = remote.time(placed, _kept_views(task, bufs), bench)
+    _kept_some(reply, limit, "timed", remote.device)
     wrong = judge_kept(ref, task, _kept_views(task, bufs)[:reply.kept], "timed")
     return reply.timing, reply.baseline, wrong
 
@@ -284,10 +307,10 @@ def _eager_check(ref: Reference, task: TaskSpec, device: str, baseline: Timing, 
     SLACK_US) twice: a candidate cannot make its baseline slower than the judge sees it (a busy machine, or
     a candidate's spinning threads, can slow the worker's eager honestly too: so not a rejection)."""
     here, _ = _measured_here(ref, task, device, bench)
-    if baseline.median_us <= EAGER_RATIO * here.median_us + SLACK_US:
+    if baseline.median_us <= EAGER_RATIO * here.median_us + min(SLACK_US, here.median_us):
         return baseline, detail
     here, _ = _measured_here(ref, task, device, bench, again=True)
-    if baseline.median_us <= EAGER_RATIO * here.median_us + SLACK_US:
+    if baseline.median_us <= EAGER_RATIO * here.median_us + min(SLACK_US, here.median_us):
         return baseline, detail
     note = (f"the worker's eager median {baseline.median_us:.1f} us is more than {EAGER_RATIO:g}x forge's own "
             f"({here.median_us:.1f} us): the candidate is ranked against forge's")
@@ -309,6 +332,7 @@ def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, ti
     per_round = float("inf")
     for _ in range(SPLIT):  # the least disturbed of several batches: a busy machine slows some of them
         reply, wall = remote.time(placed, _kept_views(task, bufs), bench, batch=n)
+        _kept_some(reply, limit, "batched", device)
         wrong = judge_kept(ref, task, _kept_views(task, bufs)[:reply.kept], "batched")
         if wrong is not None:
             raise Rejected(EvalResult(wrong.status, wrong.message, verify={"batched": wrong.detail}, device=device))

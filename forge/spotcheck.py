@@ -90,25 +90,31 @@ def kept_limit(inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) 
     return max(1, min(MAX_KEPT, KEEP_BYTES // max(size, 1)))
 
 
-TURNS = 512  # rounds of perturbation drawn at once (more than a timing makes: max_runs, warm-up, a batch)
+TURNS = 512  # rounds of perturbation drawn at once (then drawn anew)
 
 
 class _Perturbation:
     """PERTURBED elements of a floating-point input get N(0,1) values every round, at random positions: all
     rounds' positions and values drawn at once, so that a round costs one indexed write an input (a few
-    microseconds of launch on a GPU, not a dozen small kernels). No two of TURNS rounds are alike."""
+    microseconds of launch on a GPU, not a dozen small kernels), anew every TURNS rounds."""
 
     def __init__(self, x: torch.Tensor, gen: torch.Generator) -> None:
         self.flat: torch.Tensor | None = None
         span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) if x.numel() else 0
         if not x.is_floating_point() or x.numel() == 0 or x.dim() == 0 or span != x.numel():
             return  # an integer input, or one whose elements share memory (expanded): left as it is
-        dev = gen.device
-        self.flat = x.as_strided((span,), (1,))
-        self.index = torch.randint(0, span, (TURNS, PERTURBED), generator=gen, device=dev).to(x.device)
-        self.values = torch.randn(TURNS, PERTURBED, generator=gen, device=dev).to(x.device, x.dtype)
+        self.flat, self.gen, self.span = x.as_strided((span,), (1,)), gen, span
+        self._draw()
+
+    def _draw(self) -> None:
+        assert self.flat is not None
+        dev, x = self.gen.device, self.flat
+        self.index = torch.randint(0, self.span, (TURNS, PERTURBED), generator=self.gen, device=dev).to(x.device)
+        self.values = torch.randn(TURNS, PERTURBED, generator=self.gen, device=dev).to(x.device, x.dtype)
 
     def apply(self, turn: int) -> None:
         assert self.flat is not None
         t = turn % TURNS
+        if t == 0 and turn:  # drawn anew every TURNS rounds: states never come back (warm-up runs by time)
+            self._draw()
         self.flat.index_put_((self.index[t],), self.values[t])

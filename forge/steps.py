@@ -5,6 +5,9 @@ No tensors travel: a step names slots of the arena both processes map (forge.are
 
 from __future__ import annotations
 
+import io
+import math
+import pickle
 from dataclasses import dataclass
 
 from forge.arena import ArenaRef, Slot
@@ -70,3 +73,37 @@ class Reply:
     baseline: Timing | None = None
     kept: int = 0
     fatal: bool = False  # the device context is broken: the worker exits after answering
+
+
+# What a worker may send back: its replies, their statuses and timings, and the ready message's strings.
+_ALLOWED = {("forge.steps", "Reply"), ("forge.kernel", "Status"), ("forge.kernel", "Timing"),
+            ("copyreg", "__newobj__"), ("copyreg", "_reconstructor"), ("builtins", "object")}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"a worker may not send {module}.{name}")
+        return super().find_class(module, name)
+
+
+def decode(data: bytes) -> object:
+    """A worker's message, unpickled with only the classes a reply is made of (a worker a candidate has
+    taken over could send any pickle: a full unpickler would run its code in forge's process)."""
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def valid_reply(obj: object) -> Reply | None:
+    """The reply if it is one, with fields of the right types and finite, non-negative timings; else None."""
+    if not isinstance(obj, tuple) or len(obj) != 2 or not isinstance(obj[0], Reply):
+        return None
+    r = obj[0]
+    if not isinstance(r.status, Status) or not isinstance(r.message, str) or not isinstance(r.kept, int) \
+            or isinstance(r.kept, bool) or r.kept < 0 or not isinstance(r.fatal, bool):
+        return None
+    for t in (r.timing, r.baseline):
+        if t is not None and (not isinstance(t, Timing) or not all(
+                isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in (
+                    t.median_us, t.p10_us, t.p90_us, t.mean_us, t.std_us, t.n))):
+            return None
+    return r

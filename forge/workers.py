@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from forge.arena import Arena
 from forge.judge import evaluate
 from forge.kernel import EvalResult, Status
 from forge.sandbox import limits, network_namespace, nondumpable, scrubbed_env
-from forge.steps import EvalRequest, Reply
+from forge.steps import EvalRequest, Reply, decode, valid_reply
 
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -102,8 +103,10 @@ class Worker:
         ns = network_namespace(self.proc.pid)
         self.own_network = bool(ns) and ns != network_namespace()
         try:
-            ready, self.unconfined = self.conn_in.recv()
-            assert ready == "ready"
+            hello = decode(self.conn_in.recv_bytes())
+            if not (isinstance(hello, tuple) and len(hello) == 2 and hello[0] == "ready" and isinstance(hello[1], str)):
+                raise EOFError(f"the worker's first message is not its ready message: {hello!r:.200}")
+            self.unconfined = hello[1]
             if self.unconfined:
                 log.warning("the %s worker runs without its seccomp filter: %s", self.device, self.unconfined)
         except EOFError as e:
@@ -137,11 +140,14 @@ class Worker:
     def exchange(self, msg: object, timeout_s: float) -> Reply | EvalResult:
         """Send one step and wait for its Reply; a TIMEOUT or CRASH result when the worker hangs or dies (it
         is restarted for the next step)."""
+        start = time.perf_counter()
         if self.proc is None or self.proc.poll() is not None:
             self._stop()
-            self._start()
+            try:
+                self._start()
+            except RuntimeError as e:  # the worker did not start or died starting: this step's failure
+                return EvalResult(Status.CRASH, str(e)[:800], device=self.device, device_s=time.perf_counter() - start)
         assert self.proc is not None
-        start = time.perf_counter()
         try:
             self.conn_out.send(msg)
             if not self.conn_in.poll(timeout_s):
@@ -149,7 +155,16 @@ class Worker:
                 return EvalResult(Status.TIMEOUT, f"no answer within {timeout_s:.0f} s (a hang or an infinite "
                                   "loop); the worker was killed", device=self.device,
                                   device_s=time.perf_counter() - start)
-            reply, _ = self.conn_in.recv()
+            try:
+                reply = valid_reply(decode(self.conn_in.recv_bytes()))
+            except (pickle.UnpicklingError, AttributeError, TypeError, ValueError, IndexError) as e:  # not EOF: death
+                reply, why = None, f"{type(e).__name__}: {e}"
+            else:
+                why = "not a reply"
+            if reply is None:  # only a Reply may come back: a worker that sends anything else is not trusted
+                self._restart()
+                return EvalResult(Status.CRASH, f"the worker broke the protocol ({why[:200]}); it was killed",
+                                  device=self.device, device_s=time.perf_counter() - start)
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             code = self.proc.wait(timeout=30)
             self.last_exit = code

@@ -5,7 +5,8 @@ this process, as code that escaped into the interpreter could, then serves steps
 - `none`: nothing (the control);
 - `fast-clock`: the candidate's timed median reported 20x lower than measured;
 - `slow-eager`: eager's timed median reported 1000x higher than measured (more than any load here slows it);
-- `verifier`: forge.verify's and forge.spotcheck's judging made to pass everything (the judge is elsewhere).
+- `verifier`: forge.verify's and forge.spotcheck's judging made to pass everything (the judge is elsewhere);
+- `forged-verdict`: every step answered with a verdict of its own (accepted, 1 us against eager's 1 s).
 """
 
 import sys
@@ -35,6 +36,11 @@ elif mode == "verifier":
     forge.verify.within_tolerance = lambda *a, **k: None
     forge.verify.nonfinite = lambda *a, **k: None
     forge.verify.rel_error = lambda *a, **k: 0.0  # the name forge.verify judges by
+elif mode == "forged-verdict":
+    from forge.kernel import EvalResult, Status, Timing
+
+    fast, slow = Timing(1.0, 1.0, 1.0, 1.0, 0.0, 10), Timing(1e6, 1e6, 1e6, 1e6, 0.0, 10)
+    forge.worker.handle = lambda msg, st: EvalResult(Status.OK, timing=fast, baseline=slow)
 elif mode != "none":
     raise SystemExit(f"unknown mode {mode!r}")
 sys.exit(forge.worker.main(argv))

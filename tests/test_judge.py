@@ -96,3 +96,26 @@ def test_the_worker_holds_no_judge() -> None:
             " print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_worker_cannot_send_its_own_verdict(spec: TaskSpec, tmp_path: Path) -> None:
+    """Only a Reply may come back over the pipe: a verdict made by the worker is a broken protocol."""
+    r = _evaluate("forged-verdict", spec, Candidate.from_file(CORPUS / "wrong_result.cpp"), tmp_path)
+    assert r.status is Status.CRASH and "protocol" in r.message, f"{r.status}: {r.message}"
+
+
+def test_replies_are_decoded_with_only_their_own_classes() -> None:
+    import os
+    import pickle
+
+    from forge.kernel import EvalResult, Timing
+    from forge.steps import Reply, decode, valid_reply
+
+    good = (Reply(Status.OK, "", Timing(3.0, 2.0, 4.0, 3.0, 0.5, 10), Timing(9.0, 8.0, 10.0, 9.0, 0.5, 10), 1), 0.1)
+    assert valid_reply(decode(pickle.dumps(good))) == good[0]
+    for bad in (os.system, (EvalResult(Status.OK), 0.0)):  # code to run in forge's process; a verdict
+        with pytest.raises(pickle.UnpicklingError, match="may not send"):
+            decode(pickle.dumps(bad))
+    nan = (Reply(Status.OK, "", Timing(float("nan"), 1.0, 1.0, 1.0, 0.0, 3)), 0.0)
+    assert valid_reply(decode(pickle.dumps(nan))) is None
+    assert valid_reply(decode(pickle.dumps((Reply(Status.OK, kept=-1), 0.0)))) is None

@@ -144,6 +144,12 @@ class Arena:
             self._size = size
         return ArenaRef(self._size, self._generation, fd=self.fd, cuda=self._cuda_args)
 
+    @property
+    def data_ptr(self) -> int:
+        """The address of the arena's first byte in this process (after `open`)."""
+        assert self._base is not None, "open the arena first"
+        return self._base.data_ptr()
+
     def view(self, slot: Slot) -> torch.Tensor:
         """The tensor at a slot (after `open`)."""
         assert self._base is not None, "open the arena first"

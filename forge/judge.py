@@ -45,6 +45,7 @@ from forge.verify import (
     generator,
     judged,
     make_flat,
+    make_input,
     nonfinite,
     verify,
     within_tolerance,
@@ -122,22 +123,19 @@ class Remote(Target):
         dtype = str(t.dtype).removeprefix("torch.")
         if t.numel() == 0:  # an empty tensor is no place in the arena
             return Slot(0, tuple(t.shape), tuple(t.stride()), dtype)
-        base = self.arena.view(Slot(0, (1,), (1,), "uint8"))
-        return Slot(t.data_ptr() - base.data_ptr(), tuple(t.shape), tuple(t.stride()), dtype)
+        return Slot(t.data_ptr() - self.arena.data_ptr, tuple(t.shape), tuple(t.stride()), dtype)
 
     def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         """With the inputs read-only (CPU); a call that dies so (SIGSEGV) is run again writable, and one that
         then returns wrote into an input: `input_mutated`, whether it restored the input or not."""
         ins, outs = tuple(self.slot(t) for t in inputs), tuple(self.slot(t) for t in outputs)
-        saved = [t.clone() for t in inputs] if not self.cuda else []
         try:
             self.step(Call(self._ref, ins, outs, readonly=not self.cuda))
             return
         except Rejected as r:
             if self.cuda or r.result.status is not Status.CRASH or self.worker.last_exit != -signal.SIGSEGV:
                 raise
-        for t, s in zip(inputs, saved, strict=True):
-            t.copy_(s)
+        saved = [t.clone() for t in inputs]  # intact: they were read-only when it died
         assert self.loaded is not None
         self.step(self.loaded)  # into the new worker
         self.step(Call(self.arena.open(), ins, outs))
@@ -295,9 +293,10 @@ def _timed(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: in
            ) -> tuple[Timing | None, Timing | None, Verdict | None]:
     limit = kept_limit(task.inputs, task.outputs)
     placed, bufs, _ = _inputs(remote, task, device, seed, _kept_buffers(task, limit))
-    reply, _ = remote.time(placed, _kept_views(task, bufs), bench)
+    kept = _kept_views(task, bufs)
+    reply, _ = remote.time(placed, kept, bench)
     _kept_some(reply, limit, "timed", remote.device)
-    wrong = judge_kept(ref, task, _kept_views(task, bufs)[:reply.kept], "timed")
+    wrong = judge_kept(ref, task, kept[:reply.kept], "timed")
     return reply.timing, reply.baseline, wrong
 
 
@@ -329,11 +328,11 @@ def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, ti
     call_bytes = sum(m.nbytes for m in (*task.inputs, *task.outputs))
     allowance = ALLOWANCE_S + (remote.arena.size + 4 * limit * call_bytes) / _bandwidth(device)
     n = max(3, min(100, math.ceil(max(BATCH_S / SPLIT, 2 * allowance) * 1e6 / max(claimed + round_us, 1.0))))
-    per_round = float("inf")
+    per_round, kept = float("inf"), _kept_views(task, bufs)
     for _ in range(SPLIT):  # the least disturbed of several batches: a busy machine slows some of them
-        reply, wall = remote.time(placed, _kept_views(task, bufs), bench, batch=n)
+        reply, wall = remote.time(placed, kept, bench, batch=n)
         _kept_some(reply, limit, "batched", device)
-        wrong = judge_kept(ref, task, _kept_views(task, bufs)[:reply.kept], "batched")
+        wrong = judge_kept(ref, task, kept[:reply.kept], "batched")
         if wrong is not None:
             raise Rejected(EvalResult(wrong.status, wrong.message, verify={"batched": wrong.detail}, device=device))
         per_round = min(per_round, (wall - allowance) / n * 1e6)
@@ -352,7 +351,7 @@ def _measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConf
     key = (device, task.source + repr(task.inputs))
     if again or key not in _HERE.tasks:
         gen = generator(device, _SYSTEM.getrandbits(40))
-        inputs = [make_flat(m, 0, gen, device).as_strided(m.shape, m.stride) for m in task.inputs]
+        inputs = [make_input(m, 0, gen, device) for m in task.inputs]
         spot = SpotCheck(inputs, task.outputs, bench.min_runs, device)
         shapes = [(m.shape, m.torch_dtype) for m in task.outputs]
         clock = _clock(device)

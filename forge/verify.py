@@ -215,8 +215,8 @@ class Target(ABC):
 
     @abstractmethod
     def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        """Run the candidate once on placed tensors and wait until it returned; a failure raises
-        forge.judge.Rejected with its result."""
+        """Run the candidate once on placed tensors (after this process's own work on them is done) and wait
+        until it returned; a failure raises forge.judge.Rejected with its result."""
 
     @abstractmethod
     def sync(self) -> None:
@@ -260,7 +260,6 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
         for view, flat in zip(inputs, flats, strict=True):
             fill(view, flat)
         outs = [Guarded(m, device, finite_fill, b) for m, b in zip(outputs_meta, bufs, strict=True)]
-        target.sync()
         target.call(inputs, [o.tensor for o in outs])
         if settle_s and _still_writing(outs, settle_s, target.sync):
             return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {k}: an output changed after the call returned "

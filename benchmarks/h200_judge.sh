@@ -11,3 +11,9 @@ grep -E "passed|failed|^FAILED|^ERROR" "$OUT/cuda-tests.log" | tail -n 20
 timeout 150 python3 benchmarks/eval_throughput.py --device cuda --n 54 --recipes >"$OUT/throughput.log" 2>&1
 echo "throughput exit $? ($(date +%T))"
 tail -n 8 "$OUT/throughput.log"
+# Where forge's process spends a candidate's time (the judge runs there): the same batch under cProfile.
+timeout 150 python3 -m cProfile -o "$OUT/throughput.prof" benchmarks/eval_throughput.py --device cuda --n 54 \
+  --recipes >"$OUT/throughput-prof.log" 2>&1
+python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('tottime').print_stats(40); \
+s.sort_stats('cumulative').print_stats(60)" "$OUT/throughput.prof" >"$OUT/throughput-profile.txt" 2>&1
+tail -n 4 "$OUT/throughput-prof.log"

@@ -4,7 +4,8 @@ Layout: `runs/<id>/manifest.json` lists each kernel (task key, backend, entry, i
 tensor metadata, the task's reference source, the library file and the kernel's source file, each with its
 SHA-256) and `runs/<id>/kernels/<key>.so` (or `.py` for Triton) with `<key>.src.cpp|cu|py`, with the
 device model the kernels were tuned and verified on, and the variant the result is (forge.variants: kernels
-or not, whole-graph rewrites, runtime), which `load` rebuilds.
+or not, whole-graph rewrites, runtime) and the layout the graph was captured in (forge.layout), which `load`
+rebuilds.
 
 Integrity (issue 13): `read` and `load` refuse (ArtifactError, one line) a manifest whose file names leave
 the artifact folder, a file whose SHA-256 is not the recorded one, or an entry without a hash. No text from
@@ -31,9 +32,10 @@ from typing import Any
 import torch
 
 from forge.build import file_sha256 as sha256
-from forge.capture import Capture, TensorMeta, capture
+from forge.capture import Capture, TensorMeta
 from forge.dispatch import KernelArtifact, apply
 from forge.errors import UserError
+from forge.layout import LAYOUTS, capture_in
 from forge.tasks import build_tasks
 
 FORMAT = "forge.artifact/1"
@@ -102,10 +104,11 @@ def read(path: str | Path, model: Any = None, inputs: list[Any] | None = None) -
     """The kernels of an artifact folder (or its manifest.json), each file checked (see the module doc).
     Their reference `source` is rendered from `model` on `inputs` when given (kernels whose task is not in
     it are left out), else empty: the manifest's text is never what runs."""
-    kernels = _kernels(*manifest_of(path))
+    manifest, data = manifest_of(path)
+    kernels = _kernels(manifest, data)
     if model is None or inputs is None:
         return [replace(k, source="") for k in kernels]
-    return _local_references(kernels, capture(model, inputs))
+    return _local_references(kernels, capture_in(model, inputs, _layout(manifest, data)))
 
 
 def _checked(manifest: Path, entry: dict[str, Any], name: str, digest: str) -> Path:
@@ -151,13 +154,15 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
     for k in kernels:
         by_device.setdefault("cpu" if k.backend == "cpu" else "cuda", []).append(k)
     keep: list[KernelArtifact] = []
-    cap: Capture | None = None  # captured once, when verification needs the model's own references
+    layout = _layout(manifest, data)
+    # captured once, when verification needs the model's own references or the kernels another layout
+    cap: Capture | None = capture_in(model, inputs, layout) if layout else None
     for device, ks in by_device.items():
         here, tuned = device_model(device), data.get("device_model")
         if tuned == here:
             keep += ks
         elif verify:
-            cap = cap or capture(model, inputs)
+            cap = cap or capture_in(model, inputs, layout)
             keep += verified_here(_local_references(ks, cap), device)
         else:
             msg = (f"the kernels of {path} were tuned on {tuned or 'an unrecorded device'}, this is {here}: "
@@ -176,6 +181,14 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
     device = "cuda" if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs) else "cpu"
     fn, _, _ = build(model, inputs, keep, variant, device, strict=strict, cap=cap)
     return fn
+
+
+def _layout(manifest: Path, data: dict[str, Any]) -> str:
+    """The layout the artifact's graph was captured in (forge.layout); ArtifactError on an unknown one."""
+    layout = data.get("layout", "")
+    if layout not in LAYOUTS:
+        raise ArtifactError(f"Invalid artifact {manifest}: layout {layout!r}, expected one of {LAYOUTS}")
+    return str(layout)
 
 
 def _local_references(kernels: list[KernelArtifact], cap: Capture) -> list[KernelArtifact]:

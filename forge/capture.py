@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -65,9 +65,27 @@ class TensorMeta:
 
     @property
     def contiguous(self) -> bool:
-        """Row-major (strides of size-1 dimensions do not matter): the layout kernels write outputs in."""
+        """Row-major (strides of size-1 dimensions do not matter): the layout kernels write most outputs in
+        (see `written`)."""
         return all(st == c for s, st, c in zip(self.shape, self.stride, contiguous_stride(self.shape), strict=True)
                    if s != 1)
+
+    @property
+    def channels_last(self) -> bool:
+        """A 4-d tensor laid out channels-last (NHWC), and not also row-major."""
+        if len(self.shape) != 4 or self.contiguous:
+            return False
+        n, c, h, w = self.shape
+        return all(st == e for s, st, e in zip(self.shape, self.stride, (h * w * c, 1, w * c, c), strict=True)
+                   if s != 1)
+
+    def written(self) -> TensorMeta:
+        """The layout a kernel writes this output in: channels-last stays channels-last (how convolutions give
+        and take 4-d activations, so that no copy sits between a kernel and a convolution), anything else is
+        row-major."""
+        if self.channels_last or self.contiguous:
+            return self
+        return TensorMeta(self.shape, self.dtype, contiguous_stride(self.shape))
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form: {"shape", "dtype", "stride"}."""
@@ -96,6 +114,18 @@ class TensorMeta:
         return s
 
 
+def output_view(flat: torch.Tensor, meta: TensorMeta) -> torch.Tensor:
+    """The output `meta` describes over a flat buffer of its elements, in the layout kernels write it in
+    (TensorMeta.written: dense, so the buffer holds exactly numel elements)."""
+    return flat.as_strided(meta.shape, meta.written().stride)
+
+
+def empty_output(meta: TensorMeta, device: Any) -> torch.Tensor:
+    """A new tensor for the output `meta` describes, in the layout kernels write it in."""
+    w = meta.written()
+    return torch.empty_strided(w.shape, w.stride, dtype=w.torch_dtype, device=device)
+
+
 def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Row-major strides of a shape."""
     stride, acc = [], 1
@@ -112,6 +142,8 @@ class Capture:
     exported: ExportedProgram
     graph_module: torch.fx.GraphModule
     seconds: float
+    overrides: dict[str, torch.Tensor] = field(default_factory=dict)  # state-dict values in another layout
+    layout: str = ""  # "" as exported, or the layout forge.layout put the graph in ("channels-last")
 
     def flat_args(self, user_inputs: list[Any]) -> list[Any]:
         """Arguments of graph_module in placeholder order: parameters, buffers, constants, then inputs."""
@@ -120,7 +152,8 @@ class Capture:
             if spec.kind == InputKind.USER_INPUT:
                 args.append(next(users))
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-                args.append(ep.state_dict[spec.target] if spec.target in ep.state_dict
+                args.append(self.overrides[spec.target] if spec.target in self.overrides
+                            else ep.state_dict[spec.target] if spec.target in ep.state_dict
                             else ep.constants[spec.target])
             elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
                 args.append(ep.constants[spec.target])

@@ -173,7 +173,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         console.print(f"  {key}: {n} candidates, best {best:.2f}x" if best else f"  {key}: {n} candidates")
 
     report = optimize(loaded, store, policy=pol, budget=budget, progress=progress, resume=args.resume,
-                      load=load, inductor=args.inductor)
+                      load=load, inductor=args.inductor,
+                      layout={"auto": None, "row-major": ""}.get(args.layout, args.layout))
     print_optimize(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
@@ -225,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "rewrites and the final timing (default 300)")
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure the result compiled by torch.compile and keep it when faster (default on)")
+    p.add_argument("--layout", choices=("auto", "row-major", "channels-last"), default="auto",
+                   help="activation layout the model is captured and searched in (default auto: channels-last "
+                   "when the model has convolutions and its forward is faster so, measured)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
     p.add_argument("--resume", metavar="RUN", help="continue a stopped or killed run (its id) with its own "

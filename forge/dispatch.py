@@ -21,7 +21,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from forge.capture import Capture, TensorMeta, capture, contiguous_stride
+from forge.capture import Capture, TensorMeta, capture
 from forge.launch import Launcher, LaunchError, call_on
 from forge.tasks import Task, build_tasks, compile_source, render
 
@@ -123,7 +123,7 @@ class GuardedKernel(torch.nn.Module):
         # the guards and outputs, precomputed: a guarded call costs a few microseconds over a bare launch
         # per output: shape, strides, dtype, and an input of that layout (empty_like(input) is cheaper than
         # empty_strided, and the guards make the input's layout the verified one), or None
-        outputs = [(m.shape, contiguous_stride(m.shape), m.torch_dtype) for m in art.outputs]
+        outputs = [(m.shape, m.written().stride, m.torch_dtype) for m in art.outputs]
         self._outputs_like = tuple((*o, next((i for i, m in enumerate(art.inputs) if (m.shape, m.stride,
                                    m.torch_dtype) == o), None)) for o in outputs)
         self._cuda = self.device_type == "cuda"
@@ -171,7 +171,7 @@ class GuardedKernel(torch.nn.Module):
             if why is not None:
                 return self._fallback(why, args)
         outs = []
-        for shape, stride, dtype, like in self._outputs_like:  # contiguous, as verification had them
+        for shape, stride, dtype, like in self._outputs_like:  # in the layout verification had them in
             if like is not None:  # an input of this layout: empty_like is the cheapest allocation
                 outs.append(_empty_like(args[like]))
             elif self._cuda:

@@ -33,7 +33,7 @@ import torch
 
 from forge.arena import Arena, Slot
 from forge.bench import BenchConfig, Clock, interleaved, measure_bandwidth
-from forge.capture import TensorMeta
+from forge.capture import TensorMeta, empty_output, output_view
 from forge.kernel import EvalResult, Status, TaskSpec, Timing
 from forge.spotcheck import SpotCheck, kept_limit
 from forge.steps import Call, EvalRequest, Load, Reply, Time
@@ -242,7 +242,7 @@ def _skips_repeats(remote: Remote, ref: Reference, task: TaskSpec, device: str, 
     """Called twice on the same buffers, poisoned in between: what a kernel that skips work on a repeated
     call left unwritten (the allocator often hands a dispatched kernel the same output addresses), or ""."""
     placed, bufs, mine = _inputs(remote, task, device, seed, [(m.numel, m.torch_dtype) for m in task.outputs])
-    outputs = [b.view(m.shape) for b, m in zip(bufs, task.outputs, strict=True)]
+    outputs = [output_view(b, m) for b, m in zip(bufs, task.outputs, strict=True)]
     remote.call(placed, outputs)
     for o in outputs:
         o.fill_(float("nan") if o.is_floating_point() else 0x5A)
@@ -263,7 +263,8 @@ def _kept_views(task: TaskSpec, bufs: list[torch.Tensor]) -> list[tuple[list[tor
     metas = (*task.inputs, *task.outputs)
     calls = []
     for c in range(len(bufs) // per):
-        views = [b.view(m.shape) for b, m in zip(bufs[c * per:(c + 1) * per], metas, strict=True)]
+        views = [b.view(m.shape) if k < len(task.inputs) else output_view(b, m)  # inputs kept row-major
+                 for k, (b, m) in enumerate(zip(bufs[c * per:(c + 1) * per], metas, strict=True))]
         calls.append((views[:len(task.inputs)], views[len(task.inputs):]))
     return calls
 
@@ -353,7 +354,6 @@ def _measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConf
         gen = generator(device, _SYSTEM.getrandbits(40))
         inputs = [make_input(m, 0, gen, device) for m in task.inputs]
         spot = SpotCheck(inputs, task.outputs, bench.min_runs, device)
-        shapes = [(m.shape, m.torch_dtype) for m in task.outputs]
         clock = _clock(device)
         with torch.no_grad():
             (eager,) = interleaved(clock, [lambda: ref.eager(*inputs)], replace(bench, budget_s=min(bench.budget_s,
@@ -364,7 +364,7 @@ def _measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConf
             t0 = time.perf_counter()
             for _ in range(rounds):
                 spot.prepare(False)
-                [torch.empty(s, dtype=d, device=device) for s, d in shapes]
+                [empty_output(m, device) for m in task.outputs]
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
         _HERE.tasks[key] = (eager, (time.perf_counter() - t0) / rounds * 1e6)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from forge.capture import TensorMeta, contiguous_stride
+from forge.capture import TensorMeta
 from forge.kernel import DTYPE_CODES
 
 
@@ -196,7 +196,7 @@ def call_on(launcher: Launcher, inputs: Sequence[TensorMeta], outputs: Sequence[
     bound per call for Triton. What the dispatcher runs, and what a candidate is timed as."""
     if launcher.backend == "triton":
         return lambda ins, outs: launcher.bind(list(ins), list(outs))()
-    # outputs are allocated contiguous (dispatch, timing), whatever eager's output strides were: the kernel
-    # is told the strides it writes, as verification told it
-    outputs = [TensorMeta(m.shape, m.dtype, contiguous_stride(m.shape)) for m in outputs]
+    # outputs are allocated in the layout kernels write (TensorMeta.written: row-major, or channels-last),
+    # whatever else eager's output strides were: the kernel is told the strides it writes, as verification told it
+    outputs = [m.written() for m in outputs]
     return FixedCall(launcher, inputs, outputs)

@@ -123,28 +123,31 @@ def _check_same_model(run: RunRecord, loaded: LoadedModel, keys: set[str], tasks
 def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recipes", budget: Budget | None = None,
              runs_dir: str | Path = "runs", progress: Progress | None = None, resume: str | None = None,
              load: dict[str, Any] | None = None, profile_out: str | Path | None = None,
-             inductor: bool = True) -> OptimizeReport:
+             inductor: bool = True, layout: str | None = None) -> OptimizeReport:
     """The whole job; every candidate and evaluation is stored as it happens.
 
     `resume` continues a stopped or killed run (its id) with its stored budget, trees and decisions; no
     stored candidate is evaluated again. `load` (how the model was loaded) is kept in the run's config.
     `profile_out`: also write the profile the search starts from (forge profile's JSON) there.
     `inductor`: also measure the result compiled by torch.compile (forge.variants); the fastest variant wins.
+    `layout`: the activation layout to capture and search in (forge.layout; None: measured, the faster one).
     """
     start = time.monotonic()
     pol = make_policy(policy, loaded.device) if isinstance(policy, str) else policy
-    prof, _ = profile_model(loaded, budget_s=1.0)
+    stored = resumable(store, resume) if resume else None
+    # a resumed run is captured in the layout it was started in (its task keys name those strides)
+    prof, cap = profile_model(loaded, budget_s=1.0, layout=stored.config.get("layout", "") if stored else layout)
     if profile_out:
         prof.save(profile_out)
-    if resume:
-        run = resumable(store, resume)
+    if stored:
+        run = stored
         _check_same_model(run, loaded, {t.key for t in prof.tasks}, store.get_tasks(run.id))
         budget = Budget(**run.config["budget"])
         store.update_run(run.id, state="running", finished_at=None)
     else:
         budget = budget or Budget()
         run = store.create_run(loaded.name, device=loaded.device, dtype=loaded.dtype, policy=pol.name,
-                               config={"budget": vars(budget), "load": load or {}})
+                               config={"budget": vars(budget), "load": load or {}, "layout": cap.layout})
     if hasattr(pol, "bind"):  # where an LLM policy records its calls
         pol.bind(store, run.id)
     try:
@@ -164,11 +167,11 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
                for o in outcomes if o.best is not None and o.library]
     folder = Path(runs_dir) / run.id
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
-            "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype}
+            "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype, "layout": cap.layout}
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
     finish = start + budget.seconds * _COMPILE_END if budget.seconds else None
     best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor, deadline=deadline,
-                         finish=finish)
+                         finish=finish, cap=cap)
     # the found kernels with no rewrite (the first variant of their chain that ran), for the report
     plain = [m for m in tried if m.variant.kernels == bool(kernels) and not m.variant.rewrites
              and not m.variant.runtime.startswith("inductor")]

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from forge.capture import Capture, capture
+from forge.layout import apply as apply_layout
+from forge.layout import choose as choose_layout
 from forge.model_input import LoadedModel
 from forge.tasks import Task, build_tasks
 from forge.timing import time_graph
@@ -90,13 +92,17 @@ class Profile:
             raise ValueError(f"Invalid profile {path}: not JSON ({e})") from e
 
 
-def profile_model(loaded: LoadedModel, *, budget_s: float = 5.0, extra: dict[str, Any] | None = None
-                  ) -> tuple[Profile, Capture]:
-    """Capture `loaded`, time every node on its device (unless meta) and cut it into tasks."""
+def profile_model(loaded: LoadedModel, *, budget_s: float = 5.0, extra: dict[str, Any] | None = None,
+                  layout: str | None = None) -> tuple[Profile, Capture]:
+    """Capture `loaded` in `layout` (None: the one forge.layout.choose measures to be fastest), time every
+    node on its device (unless meta) and cut it into tasks."""
     cap = capture(loaded.model, loaded.inputs)
+    if layout is None:
+        layout = choose_layout(cap, loaded.inputs, loaded.device)
+    cap = apply_layout(cap, layout, loaded.inputs)
     graph = cap.graph_module.graph
     nodes = sum(1 for n in graph.nodes if n.op == "call_function")
-    info = {"torch": torch.__version__, **(extra or {})}
+    info = {"torch": torch.__version__, **(extra or {}), "layout": cap.layout}
     if loaded.device == "meta":
         tasks = build_tasks(graph, None)
         return Profile(loaded.name, "meta", loaded.dtype, None, tuple(tasks), None, nodes, cap.seconds,

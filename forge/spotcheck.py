@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from forge.capture import TensorMeta
+from forge.capture import TensorMeta, empty_output
 
 _SYSTEM = random.SystemRandom()
 PERTURBED = 8  # input elements changed before every round
@@ -65,10 +65,10 @@ class SpotCheck:
 
     def wrap(self, call: Callable[[list[torch.Tensor], list[torch.Tensor]], None]) -> Callable[[], None]:
         """The candidate's timed callable: fresh outputs every call (a fair clock), kept when drawn."""
-        shapes = [(m.shape, m.torch_dtype) for m in self.outputs]
+        outputs = self.outputs
 
         def cand() -> None:
-            outs = [torch.empty(s, dtype=d, device=self.device) for s, d in shapes]
+            outs = [empty_output(m, self.device) for m in outputs]
             call(self.inputs, outs)
             if self.pending is not None:
                 self.kept.append((self.pending, outs))

@@ -186,7 +186,7 @@ def render(region: list[torch.fx.Node]) -> Rendered:
             for n in region)),
         ops=tuple(qualified_name(t) for t in targets),
         inputs=in_metas,  # type: ignore[arg-type]
-        outputs=tuple(node_meta(o) for o in outs),  # type: ignore[misc]
+        outputs=tuple(node_meta(o).written() for o in outs),  # type: ignore[union-attr]
         source=source,
         nodes=tuple(n.name for n in region),
         input_nodes=tuple(p.name for p in ext),

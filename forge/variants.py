@@ -281,16 +281,17 @@ def _time(m: Measured) -> float:
 
 def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
            compile: bool = True, deadline: float | None = None, finish: float | None = None,
-           rewrites: tuple[str, ...] | None = None) -> tuple[Measured, list[Measured]]:
+           rewrites: tuple[str, ...] | None = None, cap: Capture | None = None) -> tuple[Measured, list[Measured]]:
     """The fastest variant measured (greedy, see the module docstring) and every measurement made.
 
     `rewrites`: the rewrites to try (default: every one in forge.rewrites.REWRITES that applies to the
     device); `deadline` (time.monotonic()): no Inductor compilation is started after it; `finish`: nor one
-    that would end after it, judged by the last compilation's time.
+    that would end after it, judged by the last compilation's time. `cap`: the model's capture on `inputs`
+    (in the layout its kernels were found for, forge.layout), when the caller has it.
     """
     cuda = device.startswith("cuda")
     tried: list[Measured] = []
-    cap = capture(model, inputs)  # once: every variant starts from a copy of it
+    cap = cap or capture(model, inputs)  # once: every variant starts from a copy of it
 
     def run(v: Variant, need: str = "") -> Measured:
         m, _ = measure(model, inputs, kernels, v, device, cap, need)

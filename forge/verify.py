@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from forge.capture import TensorMeta
+from forge.capture import TensorMeta, output_view
 from forge.kernel import Status
 from forge.tasks import compile_source
 from forge.tolerance import rel_error, tolerance
@@ -95,7 +95,7 @@ class Guarded:
             zone.copy_(torch.randint(info.min, info.max, zone.shape, generator=gen, device=zone.device,
                                      dtype=zone.dtype))
         self._zones = (self.raw[:g].clone(), self.raw[g + n:].clone())
-        self.tensor = self.buf[g:g + n].view(meta.shape)
+        self.tensor = output_view(self.buf[g:g + n], meta)
         if finite and n:
             fill = torch.randn(n, generator=gen, device=self.raw.device) * 3 if dtype.is_floating_point else \
                 torch.randint(0, 2 if dtype == torch.bool else 16, (n,), generator=gen, device=self.raw.device)
@@ -121,7 +121,7 @@ class Guarded:
         g, n = self.guard, self.meta.numel
         if self.finite:
             return torch.zeros(self.meta.shape, dtype=torch.bool, device=self.raw.device)
-        return (self.raw[g:g + n] == self.bits).view(self.meta.shape)
+        return output_view(self.raw[g:g + n] == self.bits, self.meta)  # the mask in the output's own layout
 
 
 def _signed(value: int, dtype: torch.dtype) -> int:

@@ -7,13 +7,13 @@ import torch
 from conftest import EXAMPLES
 
 from forge.build import build
-from forge.capture import capture
+from forge.capture import capture, node_meta
 from forge.dispatch import GuardedKernel, KernelArtifact, apply
 from forge.endtoend import fresh_inputs, outputs_match
 from forge.kernel import TaskSpec
 from forge.model_input import load_file
 from forge.recipes.pointwise import Knobs, NotMine, candidate, lower
-from forge.tasks import build_tasks
+from forge.tasks import build_tasks, cut, render
 
 
 @pytest.fixture(scope="module")
@@ -158,13 +158,17 @@ def test_views_still_apply_where_kernels_changed_a_layout():
 
     loaded = load_zoo("sd35-mmdit", "cpu", "fp32", layers=1, resolution=128, batch=1)
     pol, arts = RecipePolicy(), []
-    for t in build_tasks(capture(loaded.model, loaded.inputs).graph_module.graph):
+    graph = capture(loaded.model, loaded.inputs).graph_module.graph
+    nodes = {n.name: n for n in graph.nodes}
+    eager_layouts = [node_meta(nodes[o]) for r in cut(graph) for o in render(r).output_nodes]
+    assert any(not m.contiguous and not m.channels_last for m in eager_layouts)  # eager's were permuted there
+    for t in build_tasks(graph):
         spec = TaskSpec.of(t)
         ideas = pol.propose(spec, None) if pol.mine(spec) is None else []
         if ideas:
             c = pol.render(spec, ideas[0])
             arts.append(KernelArtifact(t.key, "cpu", build(c).path, c.entry, t.inputs, t.outputs, t.source))
-    assert any(not m.contiguous for a in arts for m in a.outputs)  # eager's layout was not row-major there
+    assert all(m.contiguous for a in arts for m in a.outputs)  # which kernels write row-major
     opt = apply(loaded.model, loaded.inputs, arts)
     fresh = fresh_inputs(loaded.inputs)
     match, err = outputs_match(loaded.model, opt, fresh)

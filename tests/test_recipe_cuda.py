@@ -4,12 +4,15 @@ import shutil
 
 import pytest
 import torch
+from conftest import MODELS
 from torch import nn
 
+from forge import layout
 from forge.build import build
 from forge.capture import capture
 from forge.evaluate import Evaluator
 from forge.kernel import TaskSpec
+from forge.model_input import load_file
 from forge.recipes import cuda
 from forge.recipes.pointwise import NotMine
 from forge.tasks import build_tasks
@@ -40,6 +43,11 @@ class Mixed(nn.Module):
         return a, b, c, d, e, f, g, k, m
 
 
+class ScaleNHWC(nn.Module):
+    def forward(self, x, y):
+        return torch.relu(x * 2 + y)
+
+
 def specs() -> list[TaskSpec]:
     model = Mixed().eval()
     with torch.no_grad():
@@ -48,7 +56,15 @@ def specs() -> list[TaskSpec]:
     inputs = [torch.randn(2, 8, 5, 7), torch.randn(3, 5, 16), torch.randn(1001),
               torch.randn(6, 300).to(torch.bfloat16), torch.randn(12, 40).to(torch.bfloat16)]
     out = []
-    for t in build_tasks(capture(model, inputs).graph_module.graph):
+    # and the tasks of a convolutional block captured channels-last: kernels that write NHWC outputs
+    nhwc_tasks = []
+    for dtype in ("fp32", "bf16"):
+        block = load_file(MODELS / "conv_groupnorm.py", "cpu", dtype)
+        nhwc_tasks += build_tasks(layout.channels_last(capture(block.model, block.inputs), block.inputs)
+                                  .graph_module.graph)
+    x_nhwc = torch.randn(2, 12, 5, 3).contiguous(memory_format=torch.channels_last)  # a pointwise NHWC output
+    scale = build_tasks(capture(ScaleNHWC(), [x_nhwc, torch.randn(12, 1, 1)]).graph_module.graph)
+    for t in build_tasks(capture(model, inputs).graph_module.graph) + nhwc_tasks + scale:
         spec = TaskSpec.of(t)
         try:
             cuda.supported(spec)

@@ -5,7 +5,8 @@
  *                                     cudaStream_t stream);
  *
  * `in` and `out` follow the task's inputs and outputs in order. The harness allocates every output
- * (contiguous, row-major) and fills it with NaN before each call: the launcher must write every element.
+ * (row-major, or channels-last for a 4-d output the model has channels-last: out[j].stride says which) and
+ * fills it with NaN before each call: the launcher must write every element.
  * Inputs are read-only. Return 0 on success, non-zero if the launcher cannot handle the shapes.
  * No memory allocation (malloc/new/cudaMalloc), no other streams or threads than OpenMP (cpu) and the
  * given stream (cuda), no files, environment, processes or timers: the static checks reject these.

@@ -7,6 +7,8 @@ the same C expressions); only the loop structure differs.
   at unit stride are loaded as one vector (16 bytes for bf16 x 8), the rest element by element; the
   outputs are stored as vectors. A grid-stride loop covers the tensor (`blocks` caps the grid). A
   launch with a pointer that is not aligned to the vector falls back to the same kernel with vec = 1.
+- Channels-last GroupNorm (forge.recipes.cuda_nhwc): tiles of positions with all their channels, three
+  passes (statistics, their combination per group, the normalization), every access coalesced.
 - Rows: a thread block (or a cluster of `cluster` blocks, Hopper's distributed shared memory) per row.
   Each thread keeps its elements of the reduced input in registers, so the row is read from memory
   once; statistics are reduced with warp shuffles, shared memory and, across a cluster, DSMEM. The
@@ -21,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from forge.kernel import Candidate, TaskSpec
-from forge.recipes import pointwise, rowreduce
+from forge.recipes import cuda_nhwc, pointwise, rowreduce
 from forge.recipes.cuda_common import PRELUDE, CudaKnobs, CudaRowKnobs
 from forge.recipes.cuda_pointwise import pointwise_source
 from forge.recipes.cuda_rows import row_source
@@ -33,7 +35,12 @@ __all__ = ["PRELUDE", "CudaKnobs", "CudaRowKnobs", "candidate", "pointwise_sourc
 def candidate(spec: TaskSpec, knobs: CudaKnobs | CudaRowKnobs, low: Any = None) -> Candidate:
     """A cuda Candidate for these knobs (fast math: also nvcc's approximate division and square root);
     `low`: the task's pointwise or row lowering when the caller has it already."""
-    src = pointwise_source(spec, knobs, low) if isinstance(knobs, CudaKnobs) else row_source(spec, knobs, low)
+    if isinstance(knobs, CudaKnobs):
+        src = pointwise_source(spec, knobs, low)
+    elif cuda_nhwc.applies(spec):  # a GroupNorm over channels-last activations: its own schedule
+        src = cuda_nhwc.nhwc_norm_source(spec, knobs, low)
+    else:
+        src = row_source(spec, knobs, low)
     return Candidate("cuda", src, flags=("--use_fast_math",) if knobs.fast_math else ())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from forge.kernel import TaskSpec
 from forge.recipes import pointwise
 from forge.recipes.cuda_common import CudaKnobs, Vectors, alignment_check, args, header, params, vec_for
-from forge.recipes.emit import FLOAT_TYPES, Emitter, from_float, guard_checks, trace_task
+from forge.recipes.emit import FLOAT_TYPES, Emitter, NotMine, from_float, guard_checks, trace_task
 from forge.recipes.index import Simplifier, var
 
 
@@ -25,7 +25,9 @@ def pointwise_source(spec: TaskSpec, knobs: CudaKnobs, low: pointwise.Lowered | 
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
     stores, packs, writes = [], [], []
     for j, (node, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
-        v = em.value(node, o * inner + k)
+        if m.written().stride != spec.outputs[0].written().stride:
+            raise NotMine("outputs in different layouts (vector stores need one)")
+        v = em.value(node, pointwise.logical(o * inner + k, m.shape, low.order))  # positions in memory order
         ctype = FLOAT_TYPES[m.torch_dtype]
         packs.append(f"Pack<{ctype}, V> st{j};")
         stores.append(f"st{j}.v[v] = {from_float(v, m.torch_dtype)};")

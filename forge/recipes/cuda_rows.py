@@ -64,6 +64,8 @@ def row_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowered | 
     for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
         ctype = FLOAT_TYPES[m.torch_dtype]
         if m.numel == rows * length:
+            if not m.written().contiguous:
+                raise NotMine("a full-size output that is not row-major (channels-last: a row recipe of its own)")
             v = epi.value(o, i)
             packs.append(f"Pack<{ctype}, V> st{j};")
             y_stores.append(f"st{j}.v[v] = {from_float(v, m.torch_dtype)};")

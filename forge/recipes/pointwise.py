@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import sympy
 import torch
 import torch.fx
 
@@ -17,7 +18,7 @@ from forge.capture import TensorMeta
 from forge.kernel import Candidate, TaskSpec
 from forge.ops import Kind, kind_of, op_name
 from forge.recipes.emit import FLOAT_TYPES, Emitter, NotMine, from_float, guard_checks, trace_task
-from forge.recipes.index import Expr, Simplifier, unit_stride_in, var
+from forge.recipes.index import Expr, Simplifier, cexpr, flatten, unflatten, unit_stride_in, var
 
 __all__ = ["Knobs", "Lowered", "NotMine", "PRELUDE", "candidate", "emit_cpu", "index_type", "lower", "pointers"]
 
@@ -80,8 +81,11 @@ class Lowered:
     """A task the pointwise recipe can express: its C loop body and output stores.
 
     The loop is split in two: `outer` iterations (variable `o`, parallel) of `inner` elements (variable
-    `k`, the vector loop), flat index `o * inner + k`; `inner` is the longest trailing block in which every
-    input is read at unit stride or not at all (all of it, `outer` == 1, when no such block exists).
+    `k`, the vector loop), flat index `o * inner + k` in the memory order of the first output (`order`, its
+    dimensions outermost first: (0, 2, 3, 1) for a channels-last one, empty for row-major); `inner` is the
+    longest trailing block of that order in which every input is read at unit stride or not at all (all of
+    it, `outer` == 1, when no such block exists). Values are computed at the logical (row-major) index of
+    that position (`logical`).
     """
 
     body: tuple[str, ...]
@@ -90,6 +94,33 @@ class Lowered:
     outputs: tuple[TensorMeta, ...]
     outer: int = 1
     inner: int = 0
+    order: tuple[int, ...] = ()
+
+
+def memory_order(m: TensorMeta) -> tuple[int, ...]:
+    """The dimensions of an output in the order its layout (TensorMeta.written) lays them out, outermost
+    first; empty for row-major."""
+    return (0, 2, 3, 1) if m.written().channels_last else ()
+
+
+def logical(pos: Expr, shape: tuple[int, ...], order: tuple[int, ...]) -> Expr:
+    """The row-major index of the element at flat position `pos` of the layout `order` lays `shape` out in."""
+    if not order:
+        return pos
+    coords = unflatten(pos, tuple(shape[d] for d in order))
+    dims: list[Expr] = [sympy.Integer(0)] * len(shape)
+    for t, d in enumerate(order):
+        dims[d] = coords[t]
+    return flatten(dims, shape)
+
+
+def store_at(m: TensorMeta, pos: Expr, first: TensorMeta, name: str, simplify: Simplifier) -> str | None:
+    """Where output `m` stores the element at flat position `pos` of the loop (the layout of output `first`):
+    `name` (the position itself) when `m` is laid out as `first`, else its offset in m's own layout."""
+    if m.written().stride == first.written().stride:
+        return name
+    idx = logical(pos, m.shape, memory_order(first))
+    return cexpr(simplify(flatten(unflatten(idx, m.shape), m.shape, m.written().stride)))
 
 
 def lower(spec: TaskSpec) -> Lowered:
@@ -108,7 +139,8 @@ def lower(spec: TaskSpec) -> Lowered:
         if n.op == "call_function" and kind_of(n.target) in (Kind.REDUCE, Kind.HEAVY, Kind.SINGLE):
             what = "a reduction or normalization" if kind_of(n.target) is Kind.REDUCE else f"aten.{op_name(n.target)}"
             raise NotMine(f"has {what}: not a pointwise region")
-    shape = spec.outputs[0].shape
+    order = memory_order(spec.outputs[0])
+    shape = tuple(spec.outputs[0].shape[d] for d in order) if order else spec.outputs[0].shape
     suffixes = sorted({math.prod(shape[d:]) for d in range(len(shape))} - {numel, 1}, reverse=True)
     flat = None
     for inner in [numel, *[s for s in suffixes if s >= 16]]:
@@ -126,15 +158,18 @@ def lower(spec: TaskSpec) -> Lowered:
 def _lower_split(gm: torch.fx.GraphModule, spec: TaskSpec, numel: int, inner: int) -> tuple[Lowered, list[Expr]]:
     o, k = var("o"), var("k")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    em = Emitter({p: i for i, p in enumerate(placeholders)}, spec.inputs,
-                  Simplifier({o: max(numel // inner, 1), k: inner}))
-    i = o * inner + k
+    simplify = Simplifier({o: max(numel // inner, 1), k: inner})
+    em = Emitter({p: i for i, p in enumerate(placeholders)}, spec.inputs, simplify)
+    first = spec.outputs[0]
+    order = memory_order(first)
+    pos = o * inner + k
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
     stores = []
     for j, (node, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
-        v = em.value(node, i)
-        stores.append(f"out{j}_p[i] = {from_float(v, m.torch_dtype)};")
-    return Lowered(tuple(em.lines + stores), numel, spec.inputs, spec.outputs, numel // inner, inner), em.loads
+        v = em.value(node, logical(pos, m.shape, order))
+        stores.append(f"out{j}_p[{store_at(m, pos, first, 'i', simplify)}] = {from_float(v, m.torch_dtype)};")
+    return (Lowered(tuple(em.lines + stores), numel, spec.inputs, spec.outputs, numel // inner, inner, order),
+            em.loads)
 
 
 def index_type(numel: int) -> str:

@@ -20,7 +20,7 @@ from torch.utils._sympy.functions import ModularIndexing
 from forge.kernel import Candidate, TaskSpec
 from forge.ops import Kind, kind_of, op_name
 from forge.recipes.emit import FLOAT_TYPES, Emitter, NotMine, from_float, guard_checks, lit, shape_of, trace_task
-from forge.recipes.index import Expr, Simplifier, unit_stride_in, var
+from forge.recipes.index import Expr, Simplifier, cexpr, flatten, unflatten, unit_stride_in, var
 from forge.recipes.pointwise import PRELUDE, index_type, pointers
 
 _REDUCE_OPS = {"mean", "sum", "amax", "amin", "_softmax", "_log_softmax", "logsumexp", "native_layer_norm",
@@ -115,7 +115,9 @@ def _lower_split(spec: TaskSpec, gm: torch.fx.GraphModule, red: torch.fx.Node, n
     y_stores, row_stores = [], []
     for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
         if m.numel == rows * length:
-            v, target, at = epi.value(o, i), y_stores, "i"
+            at = "i" if m.written().contiguous else cexpr(simplify(flatten(unflatten(i, m.shape), m.shape,
+                                                                            m.written().stride)))
+            v, target = epi.value(o, i), y_stores
         elif m.numel == rows:
             v, target, at = per_row.value(o, r), row_stores, "r"
         else:

@@ -148,8 +148,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
         budget = budget or Budget()
         run = store.create_run(loaded.name, device=loaded.device, dtype=loaded.dtype, policy=pol.name,
                                config={"budget": vars(budget), "load": load or {}, "layout": cap.layout})
-    if hasattr(pol, "bind"):  # where an LLM policy records its calls
-        pol.bind(store, run.id)
+    pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
         with Evaluator(loaded.device) as ev:
             searching = replace(budget, seconds=max(5.0, budget.seconds * _SEARCH_SHARE - (time.monotonic() - start)))
@@ -159,8 +158,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
         store.update_run(run.id, state="stopped", note=f"interrupted: forge optimize --resume {run.id}")
         raise
     finally:
-        if hasattr(pol, "close"):
-            pol.close()
+        pol.close()
     by_key = {t.key: t for t in prof.tasks}
     kernels = [KernelArtifact(o.key, o.best.backend, o.library, o.best.entry, by_key[o.key].inputs,
                               by_key[o.key].outputs, by_key[o.key].source, o.best.source)

@@ -1,10 +1,11 @@
 """Policies propose kernel candidates for a task. The offline recipe policy is the default.
 
-Interface: `propose(spec, parent, feedback) -> list[payload]` gives new ideas below a tree node
-(`parent` is None at the root: the eager baseline), and `render(spec, payload) -> Candidate` turns an
-idea into source. Optional: `payload_of(spec, knobs) -> payload` turns the knobs stored for a candidate
-back into its payload, so `forge optimize --resume` can rebuild a search tree (without it, only JSON
-payloads can be rebuilt; see forge.search). The recipe policy's payloads are schedule knobs of a code generator
+Interface (the base class `Policy`): `propose(spec, parent, feedback) -> list[payload]` gives new ideas
+below a tree node (`parent` is None at the root: the eager baseline), and `render(spec, payload) -> Candidate`
+turns an idea into source. `payload_of(spec, knobs) -> payload` turns the knobs stored for a candidate back
+into its payload, so `forge optimize --resume` can rebuild a search tree (by default only JSON payloads can
+be rebuilt; see forge.search); `observe`, `stop_reason`, `bind` and `close` are hooks that do nothing by
+default. The recipe policy's payloads are schedule knobs of a code generator
 (forge.recipes): the root gets a few diverse schedules, a node gets its one-knob mutations. For
 tasks no recipe can express (matmul, convolution, gathers) it says "not mine": no proposals.
 """
@@ -15,8 +16,9 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from forge.kernel import Candidate, TaskSpec
 from forge.recipes import cuda, pointwise, rowreduce
@@ -25,22 +27,47 @@ from forge.recipes.pointwise import NotMine
 log = logging.getLogger(__name__)
 
 
-class Policy(Protocol):
-    """What the search needs of a policy."""
+class Policy(ABC):
+    """What the search needs of a policy: `mine`, `propose` and `render`; the other hooks do nothing unless
+    a policy has something to do there (an LLM policy records its calls, learns from results, stops when
+    its money is spent)."""
 
-    name: str
+    name: str = ""
 
+    @abstractmethod
     def mine(self, spec: TaskSpec) -> str | None:
         """None if the policy can write kernels for the task, else why not."""
-        ...
 
+    @abstractmethod
     def propose(self, spec: TaskSpec, parent: Any, feedback: str) -> list[Any]:
         """New candidate payloads below `parent` (None: the baseline)."""
-        ...
 
+    @abstractmethod
     def render(self, spec: TaskSpec, payload: Any) -> Candidate:
         """The candidate for a payload."""
-        ...
+
+    def payload_of(self, spec: TaskSpec, knobs: dict[str, Any]) -> Any:
+        """The payload stored as `knobs` (how --resume rebuilds a tree): by default a JSON payload stored as
+        {"payload": ...}; ValueError when it cannot be rebuilt (the node is then never expanded)."""
+        if set(knobs) == {"payload"}:
+            return knobs["payload"]
+        raise ValueError(f"not a stored payload: {knobs}")
+
+    def observe(self, spec: TaskSpec, payload: Any, cand: Candidate, res: Any) -> None:
+        """A candidate's evaluation result (an EvalResult), for policies that learn from outcomes."""
+        return None
+
+    def stop_reason(self) -> str | None:
+        """Why the search must stop now (an LLM budget spent), or None."""
+        return None
+
+    def bind(self, store: Any, run_id: str) -> None:
+        """Where the policy records what it does (forge.store.Store and the run); nothing by default."""
+        return None
+
+    def close(self) -> None:
+        """Release what the policy holds (threads, connections) when the search is over."""
+        return None
 
 
 # Values each knob may take; the first is the default.
@@ -63,7 +90,7 @@ class _Lowered:
     low: Any
 
 
-class RecipePolicy:
+class RecipePolicy(Policy):
     """Offline code generation from the task's graph, exploring the generator's schedule knobs."""
 
     name = "recipes"

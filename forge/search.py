@@ -96,16 +96,11 @@ def payload_of(policy: Policy, spec: TaskSpec, knobs: dict[str, Any]) -> tuple[A
     `restored` is False when the payload cannot be re-created; the node then keeps its statistics but is
     never expanded (its stored source still counts as a candidate).
     """
-    fn = getattr(policy, "payload_of", None)
     try:
-        if fn is not None:
-            return fn(spec, knobs), True
+        return policy.payload_of(spec, knobs), True
     except (TypeError, ValueError) as e:
         log.warning("policy %s cannot rebuild payload %s: %s", policy.name, knobs, e)
         return knobs, False
-    if set(knobs) == {"payload"}:
-        return knobs["payload"], True
-    return knobs, False
 
 
 class TaskSearch:
@@ -177,7 +172,7 @@ class TaskSearch:
 
     def stopped(self, deadline: float, budget: Budget) -> str | None:
         """Why the task must stop now, or None."""
-        why = self.policy.stop_reason() if hasattr(self.policy, "stop_reason") else None  # e.g. --max-usd spent
+        why = self.policy.stop_reason()  # e.g. --max-usd spent
         if why:
             return why
         if self.best and self.floor_us and self.best[0] <= 1.05 * self.floor_us:
@@ -212,12 +207,11 @@ class TaskSearch:
                 self.tree.report(node, reward_of(res.speedup if res.status.passed else None))  # backpropagate
                 self._record(node, cand, res)
                 self._account(res, lambda cand=cand: cand)
-                if hasattr(self.policy, "observe"):  # feedback for policies that learn from outcomes (LLMs)
-                    try:
-                        self.policy.observe(self.spec, node.payload, cand, res)
-                    except Exception:  # noqa: BLE001 - lost feedback, not a lost run
-                        log.exception("policy %s failed to observe a result of task %s", self.policy.name,
-                                      self.task.key)
+                try:  # feedback for policies that learn from outcomes (LLMs)
+                    self.policy.observe(self.spec, node.payload, cand, res)
+                except Exception:  # noqa: BLE001 - lost feedback, not a lost run
+                    log.exception("policy %s failed to observe a result of task %s", self.policy.name,
+                                  self.task.key)
             if progress:
                 progress(self.task.key, self.tried, self.eager_us / self.best[0] if self.best and self.eager_us
                          else None)

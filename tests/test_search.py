@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from forge.capture import TensorMeta
 from forge.kernel import Candidate, EvalResult, Status, TaskSpec, Timing
+from forge.policy import Policy
 from forge.search import Budget, search
 from forge.store import Store
 from forge.store.recorder import StoreRecorder
@@ -27,7 +28,7 @@ def timing(us: float) -> Timing:
     return Timing(us, us, us, us, 0.0, 10)
 
 
-class Synthetic:
+class Synthetic(Policy):
     """Policy and evaluator in one: payloads are integers; task `key` has (eager us, floor us, gain)."""
 
     name = "synthetic"

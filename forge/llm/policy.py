@@ -34,7 +34,7 @@ from forge.llm.prompts import (
 )
 from forge.llm.providers import LLMError
 from forge.llm.tune import variants
-from forge.policy import RecipePolicy
+from forge.policy import Policy, RecipePolicy
 from forge.store import Store
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class LLMConfig:
     tune: bool = False  # also propose knob changes of LLM kernels (the mixed policy)
 
 
-class LLMPolicy:
+class LLMPolicy(Policy):
     """Kernels written by a language model (docs/llm.md)."""
 
     def __init__(self, calls: CallLog, device: str = "cpu", backend: str | None = None,
@@ -305,7 +305,7 @@ class LLMPolicy:
         return [self._ask(spec, "optimize", seed, i) for i in range(self.config.optimize)]
 
 
-class MixedPolicy:
+class MixedPolicy(Policy):
     """Recipes seed the tree and tune LLM kernels' knobs; the LLM expands from the recipes' best."""
 
     def __init__(self, recipes: RecipePolicy, llm: LLMPolicy) -> None:

@@ -18,6 +18,7 @@ slots and an `ArenaRef`, never tensors.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import mmap
 import os
@@ -84,7 +85,8 @@ class Arena:
     def __init__(self, device: str) -> None:
         self.cuda = device.startswith("cuda")
         self.device = device
-        self.fd = -1 if self.cuda else os.memfd_create("forge-arena", os.MFD_CLOEXEC)
+        self.fd = -1 if self.cuda else _sealed_memfd()
+        self.memfds = 1  # memfds made so far: a new one (after a shrink) needs a new worker to inherit it
         self._size = 0
         self._map: mmap.mmap | None = None
         self._base: torch.Tensor | None = None
@@ -174,8 +176,10 @@ class Arena:
         allocates a new one (a CUDA arena's memory goes once the worker maps the new one)."""
         if self._size > keep_bytes:
             self._close_map()
-            if not self.cuda:
-                os.ftruncate(self.fd, 0)
+            if not self.cuda:  # sealed against shrinking: a new memfd, which a new worker inherits (the old
+                os.close(self.fd)  # one's pages go with the last process that maps it)
+                self.fd = _sealed_memfd()
+                self.memfds += 1
             self._size = 0
 
     def close(self) -> None:
@@ -185,6 +189,15 @@ class Arena:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _sealed_memfd() -> int:
+    """A memfd that cannot shrink, and takes no further seals: a worker that truncated the arena under forge's
+    mapping would make forge's next access to it a SIGBUS, and one that sealed it against growing would stop
+    the judge's next resize."""
+    fd = os.memfd_create("forge-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    return fd
 
 
 class Mapped:

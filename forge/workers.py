@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import select
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -41,6 +43,40 @@ def _signal_name(code: int | None) -> str:
     return f"exit code {code}"
 
 
+MAX_REPLY = 16 << 20  # bytes: replies are small (tensors travel through the arena); a larger one is a broken protocol
+
+
+class _Late(Exception):
+    """The worker's message did not arrive whole before the deadline."""
+
+
+def _recv_within(conn: Connection, deadline: float) -> bytes:
+    """One message from `conn` (multiprocessing's framing: a 4-byte big-endian length, -1 then 8 bytes for a
+    long one), read whole before `deadline` (time.monotonic()): a worker that sends a header and part of a
+    message and then stalls cannot hang forge's process, as Connection.recv_bytes would. _Late when it does
+    not arrive in time, EOFError when the pipe closes, ValueError for a length over MAX_REPLY."""
+    fd = conn.fileno()
+
+    def read(n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise _Late(f"{len(buf)} of {n} bytes")
+            chunk = os.read(fd, n - len(buf))
+            if not chunk:
+                raise EOFError("the worker closed its pipe")
+            buf += chunk
+        return bytes(buf)
+
+    (size,) = struct.unpack("!i", read(4))
+    if size == -1:
+        (size,) = struct.unpack("!Q", read(8))
+    if size < 0 or size > MAX_REPLY:
+        raise ValueError(f"a message of {size} bytes (at most {MAX_REPLY})")
+    return read(size)
+
+
 class Worker:
     """One worker process for one device; restarted whenever it crashes or hangs."""
 
@@ -65,6 +101,7 @@ class Worker:
         self.last_exit: int | None = None  # the exit code (-signal) of the last worker that died in a step
         self._dir = tempfile.TemporaryDirectory(prefix="forge-worker-")
         self.arena = Arena(device)
+        self._memfd = self.arena.memfds
 
     @property
     def log_path(self) -> Path:
@@ -95,6 +132,7 @@ class Worker:
             preexec_fn=limits(self.memory_bytes, None, self.isolate_network))
         os.close(req_r)
         os.close(res_w)
+        self._memfd = self.arena.memfds  # which memfd this worker inherited
         self.conn_out = Connection(req_w, readable=False)
         self.conn_in = Connection(res_r, writable=False)
         if not self.conn_in.poll(self.start_timeout_s):
@@ -103,12 +141,15 @@ class Worker:
         ns = network_namespace(self.proc.pid)
         self.own_network = bool(ns) and ns != network_namespace()
         try:
-            hello = decode(self.conn_in.recv_bytes())
+            hello = decode(_recv_within(self.conn_in, time.monotonic() + self.start_timeout_s))
             if not (isinstance(hello, tuple) and len(hello) == 2 and hello[0] == "ready" and isinstance(hello[1], str)):
                 raise EOFError(f"the worker's first message is not its ready message: {hello!r:.200}")
             self.unconfined = hello[1]
             if self.unconfined:
                 log.warning("the %s worker runs without its seccomp filter: %s", self.device, self.unconfined)
+        except (_Late, ValueError, pickle.UnpicklingError) as e:  # a start that stalls or speaks nonsense
+            self._stop()
+            raise RuntimeError(f"the {self.device} worker did not start properly ({e}): {self.log_tail()}") from e
         except EOFError as e:
             code = self.proc.wait() if self.proc else None
             self._stop()
@@ -141,6 +182,8 @@ class Worker:
         """Send one step and wait for its Reply; a TIMEOUT or CRASH result when the worker hangs or dies (it
         is restarted for the next step)."""
         start = time.perf_counter()
+        if self.proc is not None and self._memfd != self.arena.memfds:  # the arena got a new memfd (shrunk)
+            self._stop()
         if self.proc is None or self.proc.poll() is not None:
             self._stop()
             try:
@@ -150,17 +193,16 @@ class Worker:
         assert self.proc is not None
         try:
             self.conn_out.send(msg)
-            if not self.conn_in.poll(timeout_s):
+            try:
+                raw = _recv_within(self.conn_in, time.monotonic() + timeout_s)
+                reply, why = valid_reply(decode(raw)), "not a reply"
+            except _Late as e:
                 self._restart()
                 return EvalResult(Status.TIMEOUT, f"no answer within {timeout_s:.0f} s (a hang or an infinite "
-                                  "loop); the worker was killed", device=self.device,
+                                  f"loop; {e} of its reply had come); the worker was killed", device=self.device,
                                   device_s=time.perf_counter() - start)
-            try:
-                reply = valid_reply(decode(self.conn_in.recv_bytes()))
             except (pickle.UnpicklingError, AttributeError, TypeError, ValueError, IndexError) as e:  # not EOF: death
                 reply, why = None, f"{type(e).__name__}: {e}"
-            else:
-                why = "not a reply"
             if reply is None:  # only a Reply may come back: a worker that sends anything else is not trusted
                 self._restart()
                 return EvalResult(Status.CRASH, f"the worker broke the protocol ({why[:200]}); it was killed",

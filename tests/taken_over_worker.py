@@ -6,7 +6,8 @@ this process, as code that escaped into the interpreter could, then serves steps
 - `fast-clock`: the candidate's timed median reported 20x lower than measured;
 - `slow-eager`: eager's timed median reported 1000x higher than measured (more than any load here slows it);
 - `verifier`: forge.verify's and forge.spotcheck's judging made to pass everything (the judge is elsewhere);
-- `forged-verdict`: every step answered with a verdict of its own (accepted, 1 us against eager's 1 s).
+- `forged-verdict`: every step answered with a verdict of its own (accepted, 1 us against eager's 1 s);
+- `partial-reply`: every step answered with the start of a message, then nothing (forge must not wait forever).
 """
 
 import sys
@@ -41,6 +42,18 @@ elif mode == "forged-verdict":
 
     fast, slow = Timing(1.0, 1.0, 1.0, 1.0, 0.0, 10), Timing(1e6, 1e6, 1e6, 1e6, 0.0, 10)
     forge.worker.handle = lambda msg, st: EvalResult(Status.OK, timing=fast, baseline=slow)
+elif mode == "partial-reply":  # after the ready message: a header for 1000 bytes, 10 of them, then a stall
+    import time
+    from multiprocessing.connection import Connection
+
+    hello = Connection.send
+
+    def stalls(self, obj):  # noqa: ANN001, ANN202 - a patch
+        if isinstance(obj, tuple) and obj and obj[0] == "ready":
+            return hello(self, obj)
+        self._send(b"\x00\x00\x03\xe8" + b"x" * 10)
+        time.sleep(3600)
+    Connection.send = stalls
 elif mode != "none":
     raise SystemExit(f"unknown mode {mode!r}")
 sys.exit(forge.worker.main(argv))

@@ -5,6 +5,7 @@ escaped candidate would), real builds, real SiLU kernels from tests/corpus/cpu."
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,17 @@ def test_a_worker_cannot_send_its_own_verdict(spec: TaskSpec, tmp_path: Path) ->
     assert r.status is Status.CRASH and "protocol" in r.message, f"{r.status}: {r.message}"
 
 
+def test_a_reply_that_stops_halfway_is_a_timeout_not_a_hang(spec: TaskSpec, tmp_path: Path) -> None:
+    """A header and part of a message, then a stall: the step times out, the worker is killed, forge goes on."""
+    start = time.monotonic()
+    with Evaluator("cpu", timeout_s=8, cache_dir=tmp_path) as ev:
+        ev.worker.close()
+        ev.worker = Worker("cpu", program=(TAKEN_OVER, "partial-reply"))
+        r = ev.evaluate(spec, Candidate.from_file(CORPUS / "wrong_result.cpp"))
+    assert r.status is Status.TIMEOUT and "10 of 1000 bytes" in r.message, f"{r.status}: {r.message}"
+    assert time.monotonic() - start < 60
+
+
 def test_replies_are_decoded_with_only_their_own_classes() -> None:
     import os
     import pickle
@@ -119,3 +131,26 @@ def test_replies_are_decoded_with_only_their_own_classes() -> None:
     nan = (Reply(Status.OK, "", Timing(float("nan"), 1.0, 1.0, 1.0, 0.0, 3)), 0.0)
     assert valid_reply(decode(pickle.dumps(nan))) is None
     assert valid_reply(decode(pickle.dumps((Reply(Status.OK, kept=-1), 0.0)))) is None
+
+
+def test_the_arena_cannot_be_shrunk_under_forge_and_a_shrunk_arena_gets_a_new_worker(spec: TaskSpec,
+                                                                                     tmp_path: Path) -> None:
+    """A worker that truncated the shared memfd would make forge's next access a SIGBUS: the memfd is sealed
+    against shrinking (and further seals); the judge shrinks it by making a new one, for a new worker."""
+    import fcntl
+    import os
+
+    with Evaluator("cpu", timeout_s=60, cache_dir=tmp_path) as ev:
+        good = Candidate("cpu", SLOW_SILU)
+        assert ev.evaluate(spec, good).status is Status.OK
+        arena, pid = ev.worker.arena, ev.worker.proc.pid
+        seals = fcntl.fcntl(arena.fd, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_SEAL
+        with pytest.raises(PermissionError):
+            os.ftruncate(arena.fd, 0)
+        with pytest.raises(PermissionError):
+            fcntl.fcntl(arena.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW)
+        arena.shrink(keep_bytes=0)
+        assert arena.memfds == 2 and fcntl.fcntl(arena.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+        assert ev.evaluate(spec, good).status is Status.OK
+        assert ev.worker.proc.pid != pid  # the worker that held the old memfd was replaced

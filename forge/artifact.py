@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from forge.backends import BACKENDS
 from forge.build import file_sha256 as sha256
 from forge.capture import Capture, TensorMeta
 from forge.dispatch import KernelArtifact, apply
@@ -40,7 +41,6 @@ from forge.tasks import build_tasks
 
 FORMAT = "forge.artifact/1"
 log = logging.getLogger(__name__)
-_SOURCE_SUFFIX = {"cpu": ".src.cpp", "cuda": ".src.cu", "triton": ".src.py"}
 
 
 class ArtifactError(UserError):
@@ -79,7 +79,8 @@ def save(folder: str | Path, kernels: list[KernelArtifact], info: dict[str, Any]
     for k in kernels:
         dst = folder / "kernels" / f"{k.key}{Path(k.path).suffix}"
         shutil.copyfile(k.path, dst)
-        src = folder / "kernels" / f"{k.key}{_SOURCE_SUFFIX.get(k.backend, '.src.txt')}"
+        suffix = BACKENDS[k.backend].source_suffix if k.backend in BACKENDS else ".src.txt"
+        src = folder / "kernels" / f"{k.key}{suffix}"
         src.write_text(k.kernel_source)
         entries.append({"key": k.key, "backend": k.backend, "entry": k.entry, "file": f"kernels/{dst.name}",
                         "sha256": sha256(dst), "kernel_source": f"kernels/{src.name}", "kernel_source_sha256":
@@ -152,7 +153,7 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
     kernels = _kernels(manifest, data)
     by_device: dict[str, list[KernelArtifact]] = {}
     for k in kernels:
-        by_device.setdefault("cpu" if k.backend == "cpu" else "cuda", []).append(k)
+        by_device.setdefault(BACKENDS[k.backend].device, []).append(k)
     keep: list[KernelArtifact] = []
     layout = _layout(manifest, data)
     # captured once, when verification needs the model's own references or the kernels another layout

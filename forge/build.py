@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from forge.backends import BACKENDS
 from forge.kernel import ABI_DIR, Candidate
 from forge.sandbox import scrubbed_env
 
@@ -50,17 +51,16 @@ def default_cache_dir() -> Path:
 @functools.cache
 def compiler(backend: str) -> tuple[str, str]:
     """(path, version line) of the backend's compiler; raises FileNotFoundError when missing."""
-    name = {"cpu": os.environ.get("CXX", "g++"), "cuda": "nvcc"}[backend]
+    b = BACKENDS[backend]
+    name = os.environ.get("CXX", b.compiler) if b.compiler == "g++" else b.compiler
     path = shutil.which(name)
-    if path is None and backend == "cuda":
-        for cand in ("/usr/local/cuda/bin/nvcc",):
-            if Path(cand).exists():
-                path = cand
+    if path is None and name == "nvcc" and Path("/usr/local/cuda/bin/nvcc").exists():
+        path = "/usr/local/cuda/bin/nvcc"
     if path is None:
         raise FileNotFoundError(f"no {name} found for the {backend} backend")
     out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
     lines = [ln for ln in out.splitlines() if ln.strip()]
-    return path, (lines[-1] if backend == "cuda" else lines[0]) if lines else "unknown"
+    return path, (lines[-1] if name == "nvcc" else lines[0]) if lines else "unknown"  # nvcc's last line names it
 
 
 def arch_flags(arch: str) -> list[str]:
@@ -79,7 +79,7 @@ def commands(candidate: Candidate, src: Path, out: Path, arch: str | None) -> li
     crtfastmath constructor, which sets flush-to-zero for the whole process that loads the library (the
     user's, at dispatch)."""
     path, _ = compiler(candidate.backend)
-    if candidate.backend == "cpu":
+    if BACKENDS[candidate.backend].device == "cpu":
         obj = out.with_suffix(".o")
         return [[path, "-x", "c++", "-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-c",
                  f"-I{ABI_DIR}", *candidate.flags, "-o", str(obj), str(src)],
@@ -91,7 +91,7 @@ def commands(candidate: Candidate, src: Path, out: Path, arch: str | None) -> li
 def build_key(candidate: Candidate, arch: str | None) -> str:
     """Content key of a build: source, entry, flags, compiler version, architecture, ABI header."""
     h = hashlib.sha256(candidate.digest.encode())
-    if candidate.backend != "triton":
+    if BACKENDS[candidate.backend].native:
         h.update(compiler(candidate.backend)[1].encode())
         h.update(str(arch).encode())
         h.update(_STEPS.encode())
@@ -109,8 +109,8 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
     except (FileNotFoundError, subprocess.SubprocessError) as e:
         return BuildResult(False, "", f"toolchain unavailable: {e}", 0.0, False, "")
     folder = cache_dir / "builds" / key
-    suffix = {"cpu": ".cpp", "cuda": ".cu", "triton": ".py"}[candidate.backend]
-    target = folder / ("kernel.py" if candidate.backend == "triton" else "kernel.so")
+    b = BACKENDS[candidate.backend]
+    suffix, target = b.suffix, folder / b.artifact
     if target.exists():
         if _read(folder / "kernel.sha256").strip() == file_sha256(target):
             return BuildResult(True, str(target), _read(folder / "build.log"), time.perf_counter() - start,
@@ -122,12 +122,12 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
     try:
         src = tmp / f"kernel{suffix}"
         src.write_text(candidate.source)
-        if candidate.backend == "triton":
+        if not b.native:  # a Python module: nothing to compile
             (tmp / "build.log").write_text("")
             _record(src, folder)
             os.replace(src, target)
             return BuildResult(True, str(target), "", time.perf_counter() - start, False, key)
-        out = tmp / "kernel.so"
+        out = tmp / b.artifact
         text, ok = "", True
         for cmd in commands(candidate, src, out, arch):
             try:

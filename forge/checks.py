@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import re
 
+from forge.backends import BACKENDS
 from forge.kernel import Candidate, Status
 
 # (status, rule, regex) for C, C++ and CUDA sources; matched after comments are stripped. Names that
@@ -70,7 +71,7 @@ Finding = tuple[Status, str]
 def check_c(source: str, backend: str, entry: str = "forge_launch") -> list[Finding]:
     """Broken rules in a C/C++/CUDA source, each with its status and the offending text."""
     code = _strip_c_comments(source)
-    rules = _C_RULES + (_CPU_ONLY_RULES if backend == "cpu" else [])
+    rules = _C_RULES + (_CPU_ONLY_RULES if BACKENDS[backend].device == "cpu" else [])
     found: list[Finding] = []
     for status, rule, pattern in rules:
         m = re.search(pattern, code)
@@ -256,6 +257,6 @@ def _tensor_math_outside_jit(tree: ast.Module, jit: set[ast.AST]) -> list[Findin
 
 def check(candidate: Candidate) -> list[Finding]:
     """Every rule the candidate breaks, as (status, message); empty when it may be built."""
-    if candidate.backend == "triton":
+    if not BACKENDS[candidate.backend].native:
         return check_python(candidate.source, candidate.entry)
     return check_c(candidate.source, candidate.backend, candidate.entry)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from forge.backends import BACKENDS, NAMES
 from forge.errors import UserError
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         what = "no task" if not matches else f"{len(matches)} tasks"
         raise UserError(f"{what} matching --task {args.task!r} in {prof.model} (tasks: {some}, ...)")
     task = matches[0]
-    if cand.backend == "cpu" and device != "cpu" or cand.backend != "cpu" and device == "cpu":
+    if (BACKENDS[cand.backend].device == "cpu") != (device == "cpu"):
         raise UserError(f"a {cand.backend} kernel cannot run on --device {device}")
     with Evaluator(device, timeout_s=args.timeout) as ev:
         res = ev.evaluate(TaskSpec.of(task), cand)
@@ -203,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="JSON", help="or a profile written by forge profile --json")
     p.add_argument("--device", default="cpu", help="where to verify and time: cpu | cuda | cuda:N")
     p.add_argument("--dtype", default="fp32", help="the model's dtype (with --model / --zoo)")
-    p.add_argument("--backend", choices=["cpu", "cuda", "triton"], help="default: from the file suffix")
+    p.add_argument("--backend", choices=NAMES, help="default: from the file suffix")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a hung candidate is killed")
     p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
     p.add_argument("--no-store", action="store_true", help="do not record the evaluation")

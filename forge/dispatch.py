@@ -21,6 +21,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
+from forge.backends import BACKENDS
 from forge.capture import Capture, TensorMeta, capture
 from forge.launch import Launcher, LaunchError, call_on
 from forge.tasks import Task, build_tasks, compile_source, render
@@ -33,7 +34,7 @@ class KernelArtifact:
     """A verified kernel for one task: its built library (or module) and how to call it."""
 
     key: str
-    backend: str  # cpu | cuda | triton
+    backend: str  # a name in forge.backends.BACKENDS
     path: str
     entry: str
     inputs: tuple[TensorMeta, ...]
@@ -119,7 +120,7 @@ class GuardedKernel(torch.nn.Module):
         self.reference = compile_source(art.source)
         self.launch: Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None] | None = None
         self.counters = Counters()
-        self.device_type = "cpu" if art.backend == "cpu" else "cuda"
+        self.device_type = BACKENDS[art.backend].device
         # the guards and outputs, precomputed: a guarded call costs a few microseconds over a bare launch
         # per output: shape, strides, dtype, and an input of that layout (empty_like(input) is cheaper than
         # empty_strided, and the guards make the input's layout the verified one), or None

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from forge.backends import BACKENDS
 from forge.kernel import Status
 
 Finding = tuple[Status, str]
@@ -47,7 +48,7 @@ _SYSCALL = {"x86_64": re.compile(r"\t(syscall|sysenter|int\s+\$0x80)\b"), "aarch
 
 def check_library(path: str | Path, backend: str) -> list[Finding]:
     """Every rule the built library breaks (see the module doc); empty when it may be loaded."""
-    if backend != "cpu" or shutil.which("readelf") is None:
+    if BACKENDS[backend].compiler != "g++" or shutil.which("readelf") is None:
         return []
     syms = imports(path)
     if syms is None:

@@ -17,11 +17,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from forge.backends import BACKENDS, of_file
+from forge.backends import backend as _backend
 from forge.capture import TensorMeta
 
 ABI_DIR = Path(__file__).resolve().parent / "abi"
-BACKENDS = ("cpu", "cuda", "triton")
-ENTRY = {"cpu": "forge_launch", "cuda": "forge_launch", "triton": "launch"}
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int64": 4, "int32": 5, "int8": 6,
                "uint8": 7, "bool": 8}
 
@@ -74,21 +74,20 @@ class Candidate:
     llm_calls: tuple[int, ...] = field(default=(), compare=False)  # the stored LLM calls it came from
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"Invalid backend: {self.backend!r} (use one of {', '.join(BACKENDS)})")
+        b = _backend(self.backend)  # ValueError for an unknown one
         if not self.entry:
-            object.__setattr__(self, "entry", ENTRY[self.backend])
+            object.__setattr__(self, "entry", b.entry)
 
     @classmethod
     def from_file(cls, path: str | Path, backend: str | None = None) -> Candidate:
         """A candidate from a file; the backend follows the suffix (.c/.cpp cpu, .cu cuda, .py triton)."""
         path = Path(path)
-        suffix = {".c": "cpu", ".cc": "cpu", ".cpp": "cpu", ".cu": "cuda", ".py": "triton"}
-        backend = backend or suffix.get(path.suffix)
-        if backend is None:
-            raise ValueError(f"Invalid kernel file {path}: cannot tell the backend from {path.suffix!r} "
-                             "(.c/.cpp cpu, .cu cuda, .py triton)")
-        return cls(backend, path.read_text())
+        known = of_file(path.suffix)
+        name = backend or (known.name if known else None)
+        if name is None:
+            reads = ", ".join(f"{'/'.join(b.reads)} {b.name}" for b in BACKENDS.values())
+            raise ValueError(f"Invalid kernel file {path}: cannot tell the backend from {path.suffix!r} ({reads})")
+        return cls(name, path.read_text())
 
     @property
     def digest(self) -> str:
@@ -111,7 +110,7 @@ class NoKernel(Candidate):
     @classmethod
     def because(cls, backend: str, reason: str) -> NoKernel:
         """A failed node of the backend with this reason."""
-        comment = "#" if backend == "triton" else "//"
+        comment = _backend(backend).comment
         return cls(backend, f"{comment} forge: no kernel: " + reason.replace("\n", " ") + "\n", reason=reason)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from forge.backends import BACKENDS
 from forge.capture import TensorMeta
 from forge.kernel import DTYPE_CODES
 
@@ -84,7 +85,7 @@ class FixedCall:
     """
 
     def __init__(self, launcher: Launcher, inputs: Sequence[TensorMeta], outputs: Sequence[TensorMeta]) -> None:
-        self.fn, self.cuda = launcher.c_fn, launcher.backend == "cuda"
+        self.fn, self.cuda = launcher.c_fn, BACKENDS[launcher.backend].device == "cuda"
         self._keep: list[Any] = []
         self._ins, self._outs = _meta_array(inputs, self._keep), _meta_array(outputs, self._keep)
         size, offset = ctypes.sizeof(ForgeTensor), ForgeTensor.data.offset
@@ -124,7 +125,7 @@ class Launcher:
 
     def __init__(self, backend: str, path: str, entry: str) -> None:
         self.backend = backend
-        if backend == "triton":
+        if not BACKENDS[backend].native:  # a Python module
             name = f"forge_candidate_{uuid.uuid4().hex[:8]}"
             spec = importlib.util.spec_from_file_location(name, path)
             if spec is None or spec.loader is None:
@@ -153,7 +154,7 @@ class Launcher:
 
         With `guard`, a Python launcher runs under NoTorchCompute (used while verifying).
         """
-        if self.backend == "triton":
+        if not BACKENDS[self.backend].native:
             fn = self.py_fn
 
             def call_py() -> None:
@@ -170,7 +171,7 @@ class Launcher:
         ins, outs = _tensor_array(inputs, keep), _tensor_array(outputs, keep)
         n_in, n_out = ctypes.c_int(len(inputs)), ctypes.c_int(len(outputs))
         c_fn = self.c_fn
-        if self.backend == "cuda":
+        if BACKENDS[self.backend].device == "cuda":
             stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
             def call_cuda() -> None:
@@ -194,7 +195,7 @@ def call_on(launcher: Launcher, inputs: Sequence[TensorMeta], outputs: Sequence[
             ) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]:
     """The kernel as a call on (inputs, outputs) of these shapes and strides: a FixedCall for C/CUDA, the module
     bound per call for Triton. What the dispatcher runs, and what a candidate is timed as."""
-    if launcher.backend == "triton":
+    if not BACKENDS[launcher.backend].native:
         return lambda ins, outs: launcher.bind(list(ins), list(outs))()
     # outputs are allocated in the layout kernels write (TensorMeta.written: row-major, or channels-last),
     # whatever else eager's output strides were: the kernel is told the strides it writes, as verification told it

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import re
 
+from forge.backends import BACKENDS
 from forge.checks import check
 from forge.kernel import Candidate
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
-_LANGS = {"cpu": {"c", "cpp", "c++", "cc", "cxx", "h", "hpp"}, "cuda": {"cu", "cuda", "c++", "cpp", "c"},
-          "triton": {"python", "py"}}
 
 
 class Malformed(ValueError):
@@ -30,9 +29,8 @@ def extract_code(text: str, backend: str) -> str:
 
     An unfenced answer that is itself code (starts with #include, import or extern) is taken whole.
     """
-    entry = "launch" if backend == "triton" else "forge_launch"
+    entry, langs = BACKENDS[backend].entry, set(BACKENDS[backend].fences)
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
-    langs = _LANGS[backend]
     for pick in ([b for lang, b in blocks if lang in langs and entry in b], [b for _, b in blocks if entry in b],
                  [b for lang, b in blocks if lang in langs]):
         if pick:

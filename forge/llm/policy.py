@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from forge.backends import BACKENDS, for_device
 from forge.kernel import Candidate, EvalResult, NoKernel, Status, TaskSpec
 from forge.llm.cache import CallLog, Message
 from forge.llm.parse import Malformed, parse_answer, prose
@@ -99,7 +100,7 @@ class LLMPolicy(Policy):
         self.calls = calls
         self.name = calls.spec.name
         self.device = device
-        self.backend = backend or ("cpu" if device == "cpu" else "cuda")
+        self.backend = backend or for_device(device).name
         self.config = config or LLMConfig()
         self.system = system_prompt(self.backend)
         self._pool = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="forge-llm")
@@ -125,7 +126,7 @@ class LLMPolicy(Policy):
 
     def mine(self, spec: TaskSpec) -> str | None:
         """Any task is the model's to try, on a device its backend runs on."""
-        if (self.backend == "cpu") != (self.device == "cpu"):
+        if (BACKENDS[self.backend].device == "cpu") != (self.device == "cpu"):
             return f"a {self.backend} kernel cannot run on {self.device}"
         return None
 

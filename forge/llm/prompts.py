@@ -14,10 +14,11 @@ from functools import cache
 from pathlib import Path
 from string import Template
 
+from forge.backends import BACKENDS
 from forge.kernel import TaskSpec
 
 PROMPTS = Path(__file__).resolve().parents[2] / "prompts"
-LANG = {"cpu": "cpp", "cuda": "cuda", "triton": "python"}
+LANG = {name: b.prompt_lang for name, b in BACKENDS.items()}
 _M0, _M1 = "\x01", "\x02"  # around a measured value while rendering
 _MEASURED = re.compile(f"{_M0}[^{_M1}]*{_M1}")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d+(?:e[+-]?\d+)?|(?<![\w.])\d+e[+-]?\d+", re.I)

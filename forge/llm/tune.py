@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from forge.backends import BACKENDS
 from forge.kernel import Candidate
 
 _KNOB = re.compile(r"^([ \t]*#[ \t]*define[ \t]+FORGE_KNOB_(\w+)[ \t]+)(\d+)([ \t]*(?://[^\n]*)?)$", re.M)
@@ -25,7 +26,7 @@ def variants(cand: Candidate) -> list[tuple[str, Candidate]]:
             if v >= 1 and v != value:
                 src = cand.source[:m.start()] + f"{m[1]}{v}{m[4]}" + cand.source[m.end():]
                 out.append((f"{m[2]}={v}", Candidate(cand.backend, src, cand.entry, cand.flags)))
-    if cand.backend == "cpu":
+    if BACKENDS[cand.backend].compiler == "g++":  # GCC's fast math (nvcc's is a recipe knob)
         fast = "-ffast-math" in cand.flags
         flags = tuple(f for f in cand.flags if f != "-ffast-math") if fast else (*cand.flags, "-ffast-math")
         out.append((f"fast_math={'off' if fast else 'on'}", Candidate(cand.backend, cand.source, cand.entry, flags)))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from forge.backends import CUDA
 from forge.kernel import Candidate, TaskSpec
 from forge.recipes import cuda_nhwc, pointwise, rowreduce
 from forge.recipes.cuda_common import PRELUDE, CudaKnobs, CudaRowKnobs
@@ -41,7 +42,7 @@ def candidate(spec: TaskSpec, knobs: CudaKnobs | CudaRowKnobs, low: Any = None) 
         src = cuda_nhwc.nhwc_norm_source(spec, knobs, low)
     else:
         src = row_source(spec, knobs, low)
-    return Candidate("cuda", src, flags=("--use_fast_math",) if knobs.fast_math else ())
+    return Candidate(CUDA.name, src, flags=("--use_fast_math",) if knobs.fast_math else ())
 
 
 def supported(spec: TaskSpec) -> str:

@@ -14,6 +14,7 @@ import sympy
 import torch
 import torch.fx
 
+from forge.backends import CPU
 from forge.capture import TensorMeta
 from forge.kernel import Candidate, TaskSpec
 from forge.ops import Kind, kind_of, op_name
@@ -218,4 +219,4 @@ def emit_cpu(low: Lowered, knobs: Knobs) -> str:
 def candidate(low: Lowered, knobs: Knobs) -> Candidate:
     """A cpu Candidate for these knobs (fast math is a compiler flag)."""
     flags = ("-ffast-math",) if knobs.fast_math else ("-fno-math-errno",)  # errno blocks vector sqrt/log
-    return Candidate("cpu", emit_cpu(low, knobs), flags=flags)
+    return Candidate(CPU.name, emit_cpu(low, knobs), flags=flags)

@@ -17,6 +17,7 @@ import torch
 import torch.fx
 from torch.utils._sympy.functions import ModularIndexing
 
+from forge.backends import CPU
 from forge.kernel import Candidate, TaskSpec
 from forge.ops import Kind, kind_of, op_name
 from forge.recipes.emit import FLOAT_TYPES, Emitter, NotMine, from_float, guard_checks, lit, shape_of, trace_task
@@ -268,4 +269,4 @@ def emit_cpu(low: RowLowered, knobs: RowKnobs) -> str:
 def candidate(low: RowLowered, knobs: RowKnobs) -> Candidate:
     """A cpu Candidate for these knobs."""
     flags = ("-ffast-math",) if knobs.fast_math else ("-fno-math-errno",)
-    return Candidate("cpu", emit_cpu(low, knobs), flags=flags)
+    return Candidate(CPU.name, emit_cpu(low, knobs), flags=flags)

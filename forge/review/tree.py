@@ -15,10 +15,11 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from forge.backends import BACKENDS
 from forge.review.data import NodeDetail, NodeView, RunSummary, TaskView
 from forge.review.html import fmt_num, fmt_secs, fmt_x
 
-LEXERS = {"cpu": "cpp", "cuda": "cuda", "triton": "python", "eager": "python"}
+LEXERS = {**{name: b.lexer for name, b in BACKENDS.items()}, "eager": "python"}  # eager: the reference
 
 
 def print_runs(summaries: list[RunSummary], console: Console | None = None) -> None:

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from forge.backends import NAMES
+
 RUN_STATES: tuple[str, ...] = ("running", "done", "failed", "stopped")
-BACKENDS: tuple[str, ...] = ("cpu", "cuda", "triton", "eager")
+BACKENDS: tuple[str, ...] = (*NAMES, "eager")  # eager: a task's root node (the reference)
 
 
 @dataclass(frozen=True)

@@ -70,19 +70,29 @@ class Clock:
 
     def time_us(self, fn: Callable[[], object]) -> float:
         """Time one call of fn in microseconds, after a cache flush."""
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            self.flush()  # queued first: while the GPU flushes, the CPU queues fn, so launch cost is hidden
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) * 1e3
-        self.flush()
-        t0 = time.perf_counter_ns()
+        return time_call_us(fn, self.cuda, self.flush)
+
+
+def time_call_us(fn: Callable[[], object], cuda: bool, before: Callable[[], object] | None = None) -> float:
+    """One call of fn in microseconds: the one clock every measurement of forge's reads (kernels against
+    eager, whole forwards, graphs). CUDA: events around the call after a device-wide synchronisation, and
+    `before` (a cache flush) queued first, so that while the GPU runs it the CPU queues fn and the launch
+    cost is hidden; CPU: perf_counter_ns around the call, after `before`."""
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        if before is not None:
+            before()
+        start.record()
         fn()
-        return (time.perf_counter_ns() - t0) / 1e3
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3
+    if before is not None:
+        before()
+    t0 = time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - t0) / 1e3
 
 
 def interleaved(clock: Clock, fns: list[Callable[[], object]], cfg: BenchConfig,

@@ -16,27 +16,17 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from forge.bench import time_call_us
 from forge.tolerance import rel_error, tolerance
 
 
 def _time_once(fn: Callable[[], Any], cuda: bool) -> float:
-    if cuda:
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        return s.elapsed_time(e)
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
+    return time_call_us(fn, cuda) / 1e3  # ms
 
 
 BLOCK = 4  # CPU: calls of one side in a row (the first of them not counted), see the module docstring

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from forge.bench import time_call_us
 from forge.regions import is_noop
 
 
@@ -95,17 +96,7 @@ def time_graph(gm: torch.fx.GraphModule, args: list[Any], device: str, *, warmup
         return sum(times.values())
 
     def one_forward() -> float:
-        if cuda:
-            torch.cuda.synchronize()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            gm(*args)
-            e.record()
-            torch.cuda.synchronize()
-            return s.elapsed_time(e)
-        s0 = time.perf_counter_ns()
-        gm(*args)
-        return (time.perf_counter_ns() - s0) / 1e6
+        return time_call_us(lambda: gm(*args), cuda) / 1e3  # ms
 
     with torch.no_grad():
         runs = _repeat(one_interpreted, warmup_s, min_runs, budget_s, max_runs)

@@ -98,6 +98,22 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Feedback:
+    """What the search tells a policy about the node it expands: that node's own evaluation (no status at the
+    root, the eager baseline) and the task's statistics so far (read-only: the search keeps them)."""
+
+    status: str | None = None  # the node's Status value; None: the root
+    message: str = ""  # why it failed, or what the judge noted
+    speedup: float | None = None  # the node's, over eager
+    median_us: float | None = None  # the node's time
+    error: float | None = None  # the node's largest relative error over the input sets, when it was verified
+    best_us: float | None = None  # the task's best time so far
+    eager_us: float | None = None  # the task's eager time (the median of its paired measurements)
+    floor_us: float | None = None  # the task's memory-traffic floor
+    tried: int = 0  # candidates evaluated for the task
+
+
+@dataclass(frozen=True)
 class NoKernel(Candidate):
     """A node the policy could not write (refusal, empty or malformed answer, spent budget): fails unbuilt.
 

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from forge.kernel import Candidate, TaskSpec
+from forge.kernel import Candidate, Feedback, TaskSpec
 from forge.recipes import cuda, pointwise, rowreduce
 from forge.recipes.pointwise import NotMine
 
@@ -39,8 +39,9 @@ class Policy(ABC):
         """None if the policy can write kernels for the task, else why not."""
 
     @abstractmethod
-    def propose(self, spec: TaskSpec, parent: Any, feedback: str) -> list[Any]:
-        """New candidate payloads below `parent` (None: the baseline)."""
+    def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None) -> list[Any]:
+        """New candidate payloads below `parent` (None: the baseline); `feedback`: how `parent` did, and the
+        task's statistics (forge.kernel.Feedback)."""
 
     @abstractmethod
     def render(self, spec: TaskSpec, payload: Any) -> Candidate:
@@ -142,7 +143,7 @@ class RecipePolicy(Policy):
             return str(e)
         return None
 
-    def propose(self, spec: TaskSpec, parent: Any, feedback: str = "") -> list[Any]:
+    def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None = None) -> list[Any]:
         """Root: the default schedule and a few diverse ones; a node: its one-knob mutations."""
         if self.mine(spec) is not None:
             return []

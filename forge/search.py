@@ -29,7 +29,7 @@ from typing import Any
 
 from forge.build import build
 from forge.evaluate import Evaluator
-from forge.kernel import Candidate, EvalResult, TaskSpec
+from forge.kernel import Candidate, EvalResult, Feedback, TaskSpec
 from forge.mcts import FAIL, MCTS, Node, reward_of
 from forge.policy import Policy
 from forge.recorder import NodeRow, Recorder, TaskRow
@@ -109,8 +109,9 @@ class TaskSearch:
     def __init__(self, task: Task, policy: Policy, recorder: Recorder, rec: TaskRow) -> None:
         self.task, self.policy, self.recorder, self.rec = task, policy, recorder, rec
         self.spec = TaskSpec.of(task)
-        self.tree = MCTS(lambda node: policy.propose(self.spec, node.payload, ""))
+        self.tree = MCTS(lambda node: policy.propose(self.spec, node.payload, self.feedback(node)))
         self.db_id: dict[int, int] = {}  # tree node id -> its recorded id
+        self.results: dict[int, EvalResult] = {}  # tree node id -> its evaluation (what feedback reports)
         self.best: tuple[float, Candidate] | None = None  # (median us, candidate)
         self.baselines: list[float] = []  # every paired eager median measured
         self.floor_us: float | None = None
@@ -140,6 +141,7 @@ class TaskSearch:
                                      FAIL if c.reward is None else c.reward)
             node.pruned = node.pruned or not ok
             tree_id[c.id], self.db_id[node.id] = node.id, c.id
+            self.results[node.id] = c.result
             if c.evaluated_at is not None:
                 self.last_at = c.evaluated_at if self.last_at is None else max(self.last_at, c.evaluated_at)
             self._account(c.result, lambda c=c, payload=payload, ok=ok: self._candidate(c, payload, ok))
@@ -218,7 +220,18 @@ class TaskSearch:
         if self.stop is None:
             self.stop = self.stopped(deadline, budget)
 
+    def feedback(self, node: Node) -> Feedback:
+        """The node's evaluation and the task's statistics, for the policy expanding it."""
+        res = self.results.get(node.id)
+        errs = [v for s in (res.verify.get("sets", []) if res else []) if isinstance(s, dict)
+                for k, v in s.items() if k.startswith("err") and isinstance(v, (int, float))]
+        return Feedback(res.status.value if res else None, res.message if res else "",
+                        res.speedup if res else None, res.timing.median_us if res and res.timing else None,
+                        max(errs) if errs else None, self.best[0] if self.best else None, self.eager_us,
+                        self.floor_us, self.tried)
+
     def _record(self, node: Node, cand: Candidate, res: EvalResult) -> None:
+        self.results[node.id] = res
         parent = self.db_id[node.parent.id] if node.parent is not None else None
         self.db_id[node.id] = self.recorder.evaluated(self.rec.id, parent, cand, knobs_of(node.payload),
                                                       self.policy.name, res, node.reward)

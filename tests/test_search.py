@@ -7,6 +7,8 @@ The store is a real SQLite file, and the winners are really built (one trivial C
 
 from collections.abc import Iterator
 
+import pytest
+
 from forge.capture import TensorMeta
 from forge.kernel import Candidate, EvalResult, Status, TaskSpec, Timing
 from forge.policy import Policy
@@ -120,3 +122,31 @@ def test_a_policy_error_is_that_tasks_failure_and_the_run_goes_on(tmp_path):
     assert out["fine"].candidates > 0 and out["fine"].status == "improved"
     stored = {t.key: t for t in store.get_tasks(run.id)}
     assert all(stored[k].stop_reason.startswith("policy error") for k in keys[:3])
+
+
+def test_a_policy_hears_how_the_node_it_expands_did(tmp_path):
+    """The feedback of propose: nothing at the root (the eager baseline), then the expanded node's own result
+    and the task's statistics as the search keeps them."""
+
+    class Listening(Synthetic):
+        def __init__(self, tasks):
+            super().__init__(tasks)
+            self.heard = []
+
+        def propose(self, spec, parent, feedback):
+            self.heard.append((parent, feedback))
+            return super().propose(spec, parent, feedback)
+
+    pol = Listening({"t": (100.0, 10.0, 0.1)})
+    store = Store(tmp_path / "f.db")
+    run = store.create_run("synthetic", device="cpu", policy="synthetic")
+    search([task("t", 0.9)], pol, pol, StoreRecorder(store, run.id), Budget(candidates=9, per_task=9, parallel=1))
+    (root_parent, root), *later = pol.heard
+    assert root_parent is None and root.status is None and root.speedup is None and root.tried == 0
+    below = [fb for parent, fb in later if parent is not None]
+    assert below, "no node below the root was expanded"
+    assert all(fb.status is None and fb.tried >= 1 for parent, fb in later if parent is None)  # the root again
+    for fb in below:
+        assert fb.status == "ok" and fb.speedup and fb.speedup > 1.0
+        assert fb.median_us == pytest.approx(100 / fb.speedup)
+        assert fb.eager_us == 100.0 and fb.floor_us == 10.0 and fb.tried >= 1 and fb.best_us <= fb.median_us

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from forge.backends import BACKENDS, for_device
-from forge.kernel import Candidate, EvalResult, NoKernel, Status, TaskSpec
+from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, Status, TaskSpec
 from forge.llm.cache import CallLog, Message
 from forge.llm.parse import Malformed, parse_answer, prose
 from forge.llm.prompts import (
@@ -130,7 +130,7 @@ class LLMPolicy(Policy):
             return f"a {self.backend} kernel cannot run on {self.device}"
         return None
 
-    def propose(self, spec: TaskSpec, parent: Any, feedback: str = "") -> list[Any]:
+    def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None = None) -> list[Any]:
         """Root: first attempts; a failed node: its repair; a correct one: optimize (and tune) requests."""
         if self.stop_reason():
             return []
@@ -334,7 +334,7 @@ class MixedPolicy(Policy):
         a, b = self.recipes.mine(spec), self.llm.mine(spec)
         return None if a is None or b is None else f"{a}; {b}"
 
-    def propose(self, spec: TaskSpec, parent: Any, feedback: str = "") -> list[Any]:
+    def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None = None) -> list[Any]:
         """Root: recipe schedules interleaved with first attempts; below the recipes' best: LLM optimize."""
         if isinstance(parent, Idea):
             return self.llm.propose(spec, parent, feedback)

@@ -52,6 +52,7 @@ class OptimizeReport:
     variant: Variant | None = None  # what the model you get is made of (None: eager, nothing was faster)
     variants: tuple[Measured, ...] = ()  # every variant measured end to end, in the order tried
     peak_mem_ratio: float | None = None  # CUDA: peak device memory of a forward of the result over eager's
+    layout: str = ""  # the activation layout the model was captured and searched in (forge.layout; "": as given)
 
     @property
     def speedup(self) -> float:
@@ -67,6 +68,7 @@ class OptimizeReport:
             "cuda_graph": self.cuda_graph, "graph_ms": self.graph_ms, "graph_note": self.graph_note,
             "artifact": self.artifact, "variant": self.variant.to_json() if self.variant else None,
             "variants": [m.to_json() for m in self.variants], "peak_mem_ratio": self.peak_mem_ratio,
+            "layout": self.layout or "row-major",
             "tasks": [{"key": t.key, "family": t.family, "share": t.share, "eager_us": t.eager_us,
                        "best_us": t.best_us, "floor_us": t.floor_us, "speedup": t.speedup,
                        "candidates": t.candidates, "status": t.status, "stop_reason": t.stop_reason}
@@ -198,4 +200,4 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
                                         "device_seconds": cost.device_seconds,
                                         "wall_seconds": time.monotonic() - start},
                           best.variant if applied else None, tuple(tried),
-                          best.peak_mem_ratio if applied else None)
+                          best.peak_mem_ratio if applied else None, cap.layout)

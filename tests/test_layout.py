@@ -106,7 +106,7 @@ def test_optimize_in_channels_last_records_the_layout_and_load_rebuilds_it(tmp_p
                  "--no-inductor", "--db", str(tmp_path / "f.db"), "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
-    assert report["outputs_match"] is True
+    assert report["outputs_match"] is True and report["layout"] == "channels-last"
     manifest = json.loads((tmp_path / report["artifact"] / "manifest.json").read_text())
     assert manifest["layout"] == "channels-last"
     kernels = [m for m in report["variants"] if m["variant"]["kernels"] and not m["variant"]["rewrites"]]

@@ -20,6 +20,7 @@ Builds include only forge_abi.h and this file's prelude: no cuda_bf16.h (it cost
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from forge.backends import CUDA
@@ -30,6 +31,8 @@ from forge.recipes.cuda_pointwise import pointwise_source
 from forge.recipes.cuda_rows import row_source
 from forge.recipes.emit import NotMine
 
+log = logging.getLogger(__name__)
+
 __all__ = ["PRELUDE", "CudaKnobs", "CudaRowKnobs", "candidate", "pointwise_source", "row_source", "supported"]
 
 
@@ -38,10 +41,14 @@ def candidate(spec: TaskSpec, knobs: CudaKnobs | CudaRowKnobs, low: Any = None) 
     `low`: the task's pointwise or row lowering when the caller has it already."""
     if isinstance(knobs, CudaKnobs):
         src = pointwise_source(spec, knobs, low)
-    elif cuda_nhwc.applies(spec):  # a GroupNorm over channels-last activations: its own schedule
-        src = cuda_nhwc.nhwc_norm_source(spec, knobs, low)
     else:
-        src = row_source(spec, knobs, low)
+        src = None
+        if cuda_nhwc.applies(spec):  # a GroupNorm over channels-last activations: its own schedule
+            try:
+                src = cuda_nhwc.nhwc_norm_source(spec, knobs, low)
+            except NotMine as e:  # not one it takes (an input read across channels, say): the row schedule
+                log.debug("no NHWC schedule for %s: %s", spec.key, e)
+        src = src or row_source(spec, knobs, low)
     return Candidate(CUDA.name, src, flags=("--use_fast_math",) if knobs.fast_math else ())
 
 

@@ -8,7 +8,9 @@ group would read them strided. Here a block takes a tile of positions of one sam
    shared-memory atomics, written to a workspace (a `__device__` array, no allocation);
 2. per group: the tiles' sums combined in double, mean and 1/sqrt(var + eps);
 3. the prologue again, the normalization and the epilogue at every element, stored NHWC as vectors.
-x is read twice and each output written once: what a two-pass GroupNorm over memory costs.
+x is read twice and each output written once: what a two-pass GroupNorm over memory costs. The workspaces
+are the library's own `__device__` arrays: calls on one stream (forge's) run in turn; two concurrent calls of
+one kernel (two streams, parallel graph branches) would share them.
 The prologue and epilogue are the task's own ops (forge.recipes.emit), as in the row recipe.
 """
 
@@ -20,11 +22,11 @@ import torch.fx
 
 from forge.kernel import TaskSpec
 from forge.recipes import rowreduce
-from forge.recipes.cuda_common import CudaRowKnobs, Vectors, alignment_check, args, header, params, vec_for
+from forge.recipes.cuda_common import CudaRowKnobs, Vectors, args, header, params, vec_for
 from forge.recipes.emit import FLOAT_TYPES, Emitter, NotMine, from_float, guard_checks, lit, trace_task
-from forge.recipes.index import Simplifier, cexpr, var
+from forge.recipes.index import Simplifier, cexpr, unit_stride_in, var
 
-TILE_TARGET = 1024  # tiles of positions per sample, at most (the grid of passes 1 and 3)
+RESIDENT = 1 << 18  # threads a large GPU holds at once (an H200: 132 x 2048): the grid aims at one wave
 
 
 def applies(spec: TaskSpec) -> bool:
@@ -46,10 +48,10 @@ def nhwc_norm_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowe
     if (cg // vec) & (cg // vec - 1) or cg // vec > 32:
         raise NotMine(f"{cg // vec} vectors a group: not a power of two up to a warp")
     ct = c_ // vec  # threads across the channels of a position
-    if ct > knobs.threads or knobs.threads % ct:
+    if ct > knobs.threads or knobs.threads % ct or knobs.threads % 32:  # whole warps: the shuffles need them
         raise NotMine(f"{ct} threads a position do not tile a block of {knobs.threads}")
     rp = knobs.threads // ct  # positions a block works on at once
-    tiles = max(1, min(TILE_TARGET, -(-hw // rp)))
+    tiles = max(1, min(max(1, RESIDENT // knobs.threads // n_), -(-hw // rp)))
     pt = -(-hw // tiles)  # positions a tile
     tiles = -(-hw // pt)
     n, p, c, c0, g = var("n"), var("p"), var("c"), var("c0"), var("g")
@@ -68,6 +70,8 @@ def nhwc_norm_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowe
 
     pro, pro_vec = emitter("p", True)
     x_expr = pro.value(x, i)
+    if any(not unit_stride_in(off, c) for off in pro.loads if off.has(c)):
+        raise NotMine("the normalized input is not read at unit stride across channels (not channels-last)")
     piv, _ = emitter("z", False)
     piv_expr = piv.value(x, n * c_ * hw + g * cg * hw)
     epi, epi_vec = emitter("e", True)
@@ -77,6 +81,8 @@ def nhwc_norm_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowe
     for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
         if m.numel != n_ * c_ * hw:
             raise NotMine("an output that is not full-size (the statistics)")
+        if m.written().channels_last and m.shape[:2] != (n_, c_):
+            raise NotMine(f"a channels-last output of shape {m.shape}, not ({n_}, {c_}, H, W)")
         value = from_float(epi.value(o, i), m.torch_dtype)
         if not m.written().channels_last:  # row-major (a (b, c, h*w) view, say): element by element, strided
             stores.append(f"out{j}_p[{cexpr(simplify(i))}] = {value};")
@@ -87,6 +93,7 @@ def nhwc_norm_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowe
         writes.append(f"*reinterpret_cast<Pack<{ctype}, V>*>(out{j}_p + ((idx_t)n * {hw} + p) * {c_} + c0) = st{j};")
     assert pro_vec is not None and epi_vec is not None
     aligned = pro_vec.aligned | epi_vec.aligned
+    vector_outputs = {j for j, m in enumerate(spec.outputs) if m.written().channels_last}
     shape = _Shape(n_, c_, hw, g_, cg, vec, ct, rp, pt, tiles, low.length, knobs.threads)
     body_a = _element_loop(shape, pro_vec.lines, [*pro.lines, f"const float x = {x_expr};",
                                                   "const float d = x - piv; t1 += d; t2 += d * d;"])
@@ -97,7 +104,7 @@ def nhwc_norm_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowe
             f" channels in {g_} groups, {tiles} tiles of {pt}, {knobs}\ntypedef {idx} idx_t;\n"
             f"__device__ float forge_ws[{n_ * tiles * g_ * 2}];\n__device__ float forge_stats[{n_ * g_ * 2}];\n"
             + _kernels(spec, shape, piv_code, body_a, body_c, lit(low.eps))
-            + _launch(spec, shape, aligned, vec))
+            + _launch(spec, shape, aligned, vector_outputs, vec))
 
 
 class _Shape:
@@ -156,19 +163,27 @@ def _kernels(spec: TaskSpec, s: _Shape, piv: str, body_a: str, body_c: str, eps:
     return stats + final + norm
 
 
-def _launch(spec: TaskSpec, s: _Shape, aligned: set[int], vec: int) -> str:
+def _launch(spec: TaskSpec, s: _Shape, aligned: set[int], outputs: set[int], vec: int) -> str:
     grid = f"dim3({s.tiles}, {s.n})"
     return (f"extern \"C\" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out, "
             f"cudaStream_t stream) {{\n"
             f"  if (n_in != {len(spec.inputs)} || n_out != {len(spec.outputs)}) return 1;\n"
             f"  if ({guard_checks(spec.inputs)}) return 2;\n"
-            f"  const bool aligned = !({alignment_check(spec, aligned, vec)});\n"
+            f"  const bool aligned = !({_alignment(spec, aligned, outputs, vec)});\n"
             f"  if (aligned) forge_nhwc_stats<{vec}><<<{grid}, {s.threads}, 0, stream>>>({args(spec)});\n"
             f"  else forge_nhwc_stats<1><<<{grid}, {s.threads}, 0, stream>>>({args(spec)});\n"
             f"  forge_nhwc_final<<<{s.n * s.g}, 32, 0, stream>>>({args(spec)});\n"
             f"  if (aligned) forge_nhwc_norm<{vec}><<<{grid}, {s.threads}, 0, stream>>>({args(spec)});\n"
             f"  else forge_nhwc_norm<1><<<{grid}, {s.threads}, 0, stream>>>({args(spec)});\n"
             f"  return cudaGetLastError() == cudaSuccess ? 0 : 3;\n}}\n")
+
+
+def _alignment(spec: TaskSpec, inputs: set[int], outputs: set[int], vec: int) -> str:
+    """True (non-zero) when a pointer read or written as vectors is not aligned to them (outputs stored
+    element by element need not be)."""
+    parts = [f"((uintptr_t)in[{i}].data % {vec * spec.inputs[i].torch_dtype.itemsize})" for i in sorted(inputs)]
+    parts += [f"((uintptr_t)out[{j}].data % {vec * spec.outputs[j].torch_dtype.itemsize})" for j in sorted(outputs)]
+    return " || ".join(parts) or "0"
 
 
 __all__ = ["applies", "nhwc_norm_source"]

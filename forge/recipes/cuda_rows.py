@@ -11,7 +11,7 @@ from forge.kernel import TaskSpec
 from forge.recipes import rowreduce
 from forge.recipes.cuda_common import CudaRowKnobs, Vectors, alignment_check, args, header, params, vec_for
 from forge.recipes.emit import FLOAT_TYPES, VIEWS, Emitter, NotMine, from_float, guard_checks, lit, to_float, trace_task
-from forge.recipes.index import Expr, Simplifier, var
+from forge.recipes.index import Expr, Simplifier, cexpr, flatten, unflatten, var
 
 
 def row_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowered | None = None) -> str:
@@ -64,9 +64,12 @@ def row_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowered | 
     for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
         ctype = FLOAT_TYPES[m.torch_dtype]
         if m.numel == rows * length:
-            if not m.written().contiguous:
-                raise NotMine("a full-size output that is not row-major (channels-last: a row recipe of its own)")
             v = epi.value(o, i)
+            if not m.written().contiguous:  # channels-last (an attention block's transposed output, say):
+                # element by element through its strides; a GroupNorm over NHWC has a schedule of its own
+                at = cexpr(simplify(flatten(unflatten(i, m.shape), m.shape, m.written().stride)))
+                y_stores.append(f"out{j}_p[{at}] = {from_float(v, m.torch_dtype)};")
+                continue
             packs.append(f"Pack<{ctype}, V> st{j};")
             y_stores.append(f"st{j}.v[v] = {from_float(v, m.torch_dtype)};")
             writes.append(f"*reinterpret_cast<Pack<{ctype}, V>*>(out{j}_p + (idx_t)r * {length} + j0) = st{j};")

@@ -122,3 +122,28 @@ def test_optimize_in_channels_last_records_the_layout_and_load_rebuilds_it(tmp_p
     (tmp_path / report["artifact"] / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="layout 'nhwc'"):
         forge.load(tmp_path / report["artifact"], loaded.model, loaded.inputs)
+
+
+def test_a_normalization_read_back_permuted_is_not_a_row_recipe():
+    """The row statistics describe the loop's own row (group): an epilogue that reads the GroupNorm's result at
+    another one (here transposed, H == C, so the shapes agree) would be normalized with the wrong statistics."""
+    from forge.recipes import cuda, cuda_nhwc
+    from forge.recipes.pointwise import NotMine
+
+    class Permuted(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.gn = torch.nn.Conv2d(8, 8, 1), torch.nn.GroupNorm(4, 8)
+
+        def forward(self, x):
+            h = torch.nn.functional.silu(self.gn(self.conv(x)))
+            return self.conv(h.transpose(1, 2).contiguous(memory_format=torch.channels_last))
+
+    x = torch.randn(1, 8, 8, 4).contiguous(memory_format=torch.channels_last)
+    cap = layout.channels_last(capture(Permuted(), [x]), [x])
+    (norm,) = [TaskSpec.of(t) for t in build_tasks(cap.graph_module.graph) if t.key.startswith("native_group_norm")]
+    with pytest.raises(NotMine, match="another row"):
+        rowreduce.lower(norm)
+    low = rowreduce.RowLowered("native_group_norm", 4, 64, (), "", (), (), (), "", 1, 1, "0", "", 1e-5)
+    with pytest.raises(NotMine, match="another channel"):
+        cuda_nhwc.nhwc_norm_source(norm, cuda.CudaRowKnobs(), low)

@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 
 import torch.fx
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from forge.kernel import TaskSpec
 from forge.recipes import rowreduce
 from forge.recipes.cuda_common import CudaRowKnobs, Vectors, args, header, params, vec_for
 from forge.recipes.emit import FLOAT_TYPES, Emitter, NotMine, from_float, guard_checks, lit, trace_task
-from forge.recipes.index import Simplifier, cexpr, unit_stride_in, var
+from forge.recipes.index import Expr, Simplifier, cexpr, unit_stride_in, var
 
 RESIDENT = 1 << 18  # threads a large GPU holds at once (an H200: 132 x 2048): the grid aims at one wave
 
@@ -75,7 +76,13 @@ def nhwc_norm_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowe
     piv, _ = emitter("z", False)
     piv_expr = piv.value(x, n * c_ * hw + g * cg * hw)
     epi, epi_vec = emitter("e", True)
-    epi.special = {red: lambda idx: rowreduce._reduced_value(red, low.op, idx, epi, low.length)}
+    def normalized(idx: Expr) -> str:  # from the statistics of this thread's group: only at its own channel
+        if not (rowreduce.same_everywhere(ModularIndexing(idx, hw, c_), c, simplify.ranges)
+                and rowreduce.same_everywhere(FloorDiv(idx, c_ * hw), n, simplify.ranges)):
+            raise NotMine("the epilogue reads the normalization at another channel or sample (a permuted result)")
+        return rowreduce._reduced_value(red, low.op, idx, epi, low.length)
+
+    epi.special = {red: normalized}
     (out_node,) = [o for o in gm.graph.nodes if o.op == "output"]
     packs, stores, writes = [], [], []
     for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):

@@ -53,7 +53,9 @@ def row_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowered | 
 
     epi_plain = Emitter(inputs, spec.inputs, simplify, prefix="f")
     epi = Emitter(inputs, spec.inputs, simplify, prefix="e",
-                   special={red: lambda idx: rowreduce._reduced_value(red, low.op, idx, epi, length), x: cached_x})
+                   special={red: rowreduce.at_row(red, low.op, length, simplify, r,
+                                                  lambda idx: rowreduce._reduced_value(red, low.op, idx, epi, length)),
+                            x: cached_x})
     vec_epi = Vectors(spec, jj, j0, vec, simplify)
     epi.load_hook = vec_epi
     epi_plain.load_hook = vec_epi

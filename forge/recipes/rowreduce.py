@@ -11,11 +11,14 @@ variance; OpenMP schedule; SIMD reductions. Pointwise code comes from forge.reci
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import sympy
 import torch
 import torch.fx
-from torch.utils._sympy.functions import ModularIndexing
+from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from forge.backends import CPU
 from forge.kernel import Candidate, TaskSpec
@@ -109,7 +112,8 @@ def _lower_split(spec: TaskSpec, gm: torch.fx.GraphModule, red: torch.fx.Node, n
     piv = Emitter(inputs, spec.inputs, simplify, prefix="z")
     piv.lines.append(f"const float piv = {piv.value(x, r * length)};")
     epi = Emitter(inputs, spec.inputs, simplify, prefix="e",
-                   special={red: lambda idx: _reduced_value(red, name, idx, epi, length)})
+                   special={red: at_row(red, name, length, simplify, r,
+                                        lambda idx: _reduced_value(red, name, idx, epi, length))})
     per_row = Emitter(inputs, spec.inputs, simplify, prefix="q",
                        special={red: lambda idx: _reduced_value(red, name, idx, per_row, length)})
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
@@ -131,6 +135,33 @@ def _lower_split(spec: TaskSpec, gm: torch.fx.GraphModule, red: torch.fx.Node, n
                      float(red.args[-1]) if name in ("native_layer_norm", "native_group_norm") else 0.0,
                      length // inner, inner)
     return low, pro.loads + epi.loads
+
+
+_FULL = ("_softmax", "_log_softmax", "native_layer_norm", "native_group_norm")  # results the size of the input
+
+
+def same_everywhere(a: Expr, b: Expr, ranges: dict[sympy.Symbol, int], samples: int = 48) -> bool:
+    """Whether two index expressions agree at the loop's corners and at random points of its ranges (views and
+    permutes that come back to the same element agree everywhere, though the simplifier may not show it; a
+    permuted read differs at most points)."""
+    names = sorted(a.free_symbols | b.free_symbols, key=str)
+    rng = random.Random(0)
+    points = [{v: 0 for v in names}, {v: max(ranges.get(v, 1) - 1, 0) for v in names}]
+    points += [{v: rng.randrange(max(ranges.get(v, 1), 1)) for v in names} for _ in range(samples)]
+    return all(int(a.subs(pt)) == int(b.subs(pt)) for pt in points)
+
+
+def at_row(red: torch.fx.Node, name: str, length: int, simplify: Simplifier, row: Expr,
+           value: Callable[[Expr], str]) -> Callable[[Expr], str]:
+    """The reduction's value at an index of the epilogue, from the statistics of row `row` (those the loop
+    holds); NotMine when the epilogue reads it at another row (a permuted or shifted result), which those
+    statistics do not describe."""
+    def special(idx: Expr) -> str:
+        at = FloorDiv(idx, length) if name in _FULL else idx
+        if not same_everywhere(sympy.sympify(at), sympy.sympify(row), simplify.ranges):
+            raise NotMine("the epilogue reads the reduction at another row than the loop's (a permuted result)")
+        return value(idx)
+    return special
 
 
 def _row_length(red: torch.fx.Node, name: str, shape: tuple[int, ...]) -> int:

@@ -124,10 +124,12 @@ def vec_for(n: int, want: int) -> int:
     return v
 
 
-def alignment_check(spec: TaskSpec, inputs: set[int], vec: int) -> str:
-    """True (non-zero) when a pointer read or written as vectors is not aligned to them."""
+def alignment_check(spec: TaskSpec, inputs: set[int], vec: int, outputs: set[int] | None = None) -> str:
+    """True (non-zero) when a pointer read or written as vectors is not aligned to them; `outputs`: the outputs
+    stored as vectors (default all of them)."""
+    outs = range(len(spec.outputs)) if outputs is None else sorted(outputs)
     parts = [f"((uintptr_t)in[{i}].data % {vec * spec.inputs[i].torch_dtype.itemsize})" for i in sorted(inputs)]
-    parts += [f"((uintptr_t)out[{j}].data % {vec * m.torch_dtype.itemsize})" for j, m in enumerate(spec.outputs)]
+    parts += [f"((uintptr_t)out[{j}].data % {vec * spec.outputs[j].torch_dtype.itemsize})" for j in outs]
     return " || ".join(parts) or "0"
 
 

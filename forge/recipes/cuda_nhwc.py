@@ -23,7 +23,7 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 
 from forge.kernel import TaskSpec
 from forge.recipes import rowreduce
-from forge.recipes.cuda_common import CudaRowKnobs, Vectors, args, header, params, vec_for
+from forge.recipes.cuda_common import CudaRowKnobs, Vectors, alignment_check, args, header, params, vec_for
 from forge.recipes.emit import FLOAT_TYPES, Emitter, NotMine, from_float, guard_checks, lit, trace_task
 from forge.recipes.index import Expr, Simplifier, cexpr, unit_stride_in, var
 
@@ -176,21 +176,13 @@ def _launch(spec: TaskSpec, s: _Shape, aligned: set[int], outputs: set[int], vec
             f"cudaStream_t stream) {{\n"
             f"  if (n_in != {len(spec.inputs)} || n_out != {len(spec.outputs)}) return 1;\n"
             f"  if ({guard_checks(spec.inputs)}) return 2;\n"
-            f"  const bool aligned = !({_alignment(spec, aligned, outputs, vec)});\n"
+            f"  const bool aligned = !({alignment_check(spec, aligned, vec, outputs)});\n"
             f"  if (aligned) forge_nhwc_stats<{vec}><<<{grid}, {s.threads}, 0, stream>>>({args(spec)});\n"
             f"  else forge_nhwc_stats<1><<<{grid}, {s.threads}, 0, stream>>>({args(spec)});\n"
             f"  forge_nhwc_final<<<{s.n * s.g}, 32, 0, stream>>>({args(spec)});\n"
             f"  if (aligned) forge_nhwc_norm<{vec}><<<{grid}, {s.threads}, 0, stream>>>({args(spec)});\n"
             f"  else forge_nhwc_norm<1><<<{grid}, {s.threads}, 0, stream>>>({args(spec)});\n"
             f"  return cudaGetLastError() == cudaSuccess ? 0 : 3;\n}}\n")
-
-
-def _alignment(spec: TaskSpec, inputs: set[int], outputs: set[int], vec: int) -> str:
-    """True (non-zero) when a pointer read or written as vectors is not aligned to them (outputs stored
-    element by element need not be)."""
-    parts = [f"((uintptr_t)in[{i}].data % {vec * spec.inputs[i].torch_dtype.itemsize})" for i in sorted(inputs)]
-    parts += [f"((uintptr_t)out[{j}].data % {vec * spec.outputs[j].torch_dtype.itemsize})" for j in sorted(outputs)]
-    return " || ".join(parts) or "0"
 
 
 __all__ = ["applies", "nhwc_norm_source"]

@@ -136,7 +136,9 @@ class Arena:
                 # lies in, so the segment must hold nothing of the judge's (its references, its copies).
                 if self._pool is None:
                     self._pool = torch.cuda.MemPool(no_split=True)
-                with torch.cuda.use_mem_pool(self._pool, device=self.device):
+                index = torch.device(self.device).index  # use_mem_pool wants an index, not "cuda"
+                index = torch.cuda.current_device() if index is None else index
+                with torch.cuda.use_mem_pool(self._pool, device=index):
                     self._base = torch.empty(size, dtype=torch.uint8, device=self.device)
                 self._cuda_args = tuple(reduce_tensor(self._base)[1])
             else:

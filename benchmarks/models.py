@@ -59,7 +59,9 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
     model, inputs, device = loaded.model, loaded.inputs, loaded.device
     start = time.monotonic()
     budget = Budget(**({"seconds": args.seconds} if args.seconds else {}))
-    report = optimize(loaded, store, budget=budget, runs_dir=Path(tmp) / "runs", inductor=args.inductor)
+    layout = {"auto": None, "row-major": ""}.get(args.layout, args.layout)
+    report = optimize(loaded, store, budget=budget, runs_dir=Path(tmp) / "runs", inductor=args.inductor,
+                      layout=layout)
     row.update(optimize_s=time.monotonic() - start, variant=report.variant.name if report.variant else "eager",
                optimize_eager_ms=report.eager_ms, optimize_forge_ms=report.forge_ms,
                peak_mem_ratio=report.peak_mem_ratio, run=report.to_json())
@@ -140,6 +142,8 @@ def main() -> int:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--seconds", type=float, help="forge optimize's wall-time budget (default: forge's own)")
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--layout", choices=("auto", "row-major", "channels-last"), default="auto",
+                   help="forge optimize's capture layout (default: measured, as forge optimize's own default)")
     p.add_argument("--profile", action="store_true", help="on CUDA, also break forge's and the faster compile's "
                    "device time down by kernel (torch profiler; benchmarks/breakdown.py)")
     for name in ("layers", "batch", "seq", "resolution"):

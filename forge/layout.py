@@ -5,20 +5,27 @@ channels-last, so that cuDNN and oneDNN run NHWC and the ops after them see NHWC
 value metadata is then refreshed by running the graph (on the inputs' device: real strides, not a
 model of them; meta inputs give meta strides), so the tasks cut from it, their kernels and their guards
 are for the layout the forward really has: a GroupNorm region gets channels-last inputs and outputs.
-Two things eager ops do on their own are made explicit nodes: a GroupNorm input that is contiguous in
-no layout (a transposed view, as in an attention block's `view(b, c, h*w).transpose`) is first copied in
-the layout its strides suggest (what `F.group_norm` does before `native_group_norm`), and 4-d graph
-outputs that were row-major are made row-major again (a user may `view` them).
+Two things are made explicit nodes. A GroupNorm whose input is not row-major reads a row-major copy of
+it (what `F.group_norm` does on CUDA, where `native_group_norm` takes nothing else; the same graph on
+every device, so that tasks cut on the CPU or on meta are those of the GPU), and its output is copied back
+to channels-last when its input was channels-last (the convolution after it stays NHWC; forge's NHWC
+GroupNorm kernel reads and writes channels-last through both copies). 4-d graph outputs that were
+row-major are made row-major again (a user may `view` them).
 
 `choose(cap, inputs, device)` is the decision, measured: "channels-last" when the model has 4-d
-convolutions and its forward in that layout is faster than row-major by more than the noise (the two
-forwards interleaved in this process, outputs compared), else "" (the capture as it is). What is decided
+convolutions, its forward in that layout computes what row-major's does, and it is faster than row-major by
+more than the noise (the two forwards interleaved in this process), else "" (the capture as it is). The
+forwards timed are the two graphs with each GroupNorm (and the copies around it) stood in for by one
+pointwise pass over its input in that input's layout: forge replaces GroupNorms with a kernel that reads
+and writes either layout at the same cost, so eager's own GroupNorm (row-major only on CUDA, hence two
+copies in channels-last) would decide the layout by what forge does not run. What is decided
 is recorded with the run and the artifact, so `--resume` and `forge.load` capture the same graph.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import replace
 from typing import Any
 
@@ -78,18 +85,31 @@ def channels_last(cap: Capture, inputs: list[Any]) -> Capture:
     refresh = _Refresh(gm)
     with torch.no_grad():
         refresh.run(*out.flat_args(inputs))
-    for norm, fmt in refresh.fix.items():  # copied into the layout their strides suggest, as F.group_norm does
-        x = norm.args[0]
-        with gm.graph.inserting_before(norm):
-            c = gm.graph.call_function(aten.clone.default, (x,), {"memory_format": fmt})
-        c.meta = {**x.meta, "val": x.meta["val"].clone(memory_format=fmt)}
-        norm.replace_input_with(x, c)
+    for norm, fmt in refresh.fix.items():
+        _norm_through_copies(gm, norm, fmt)
     _outputs_row_major(gm, was_row_major)
     gm.graph.lint()
     gm.recompile()
     log.info("capture in channels-last: %d convolution weights, %d GroupNorm inputs copied", len(overrides),
              len(refresh.fix))
     return out
+
+
+def _norm_through_copies(gm: torch.fx.GraphModule, norm: torch.fx.Node, fmt: torch.memory_format) -> None:
+    """`norm` reads a row-major copy of its input; its output is copied to `fmt` when that is channels-last."""
+    x = norm.args[0]
+    with gm.graph.inserting_before(norm):
+        c = gm.graph.call_function(aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+    c.meta = {**x.meta, "val": x.meta["val"].contiguous()}
+    norm.replace_input_with(x, c)
+    if fmt is not torch.channels_last:
+        return
+    for g in [u for u in norm.users if u.target is operator.getitem and u.args[1] == 0]:
+        with gm.graph.inserting_after(g):
+            back = gm.graph.call_function(aten.clone.default, (g,), {"memory_format": fmt})
+        g.replace_all_uses_with(back, delete_user_cb=lambda u, back=back: u is not back)
+        back.meta = dict(g.meta)  # what the refresh recorded: the channels-last copy
+        g.meta = {**g.meta, "val": g.meta["val"].contiguous()}
 
 
 def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
@@ -133,8 +153,9 @@ def _meta_of(v: Any) -> Any:
 
 
 class _Refresh(torch.fx.Interpreter):
-    """Runs the graph and records every node's value as its metadata; a GroupNorm whose input is contiguous in
-    no layout runs on a copy, and is noted in `fix` with the layout of that copy."""
+    """Runs the graph and records every node's value as its metadata; a GroupNorm whose input is not row-major
+    runs on a row-major copy, its output copied back to the layout its input suggests, and is noted in `fix`
+    with that layout."""
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         super().__init__(gm)
@@ -144,12 +165,11 @@ class _Refresh(torch.fx.Interpreter):
         if n.op == "call_function" and n.target is aten.native_group_norm.default:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             x = args[0]
-            fmt = suggest_memory_format(x)
-            if not x.is_contiguous(memory_format=fmt):
-                self.fix[n] = fmt
-                out = n.target(x.contiguous(memory_format=fmt), *args[1:], **kwargs)
+            if not x.is_contiguous():
+                fmt = self.fix[n] = suggest_memory_format(x)
+                out = n.target(x.contiguous(), *args[1:], **kwargs)
                 n.meta["val"] = _meta_of(out)
-                return out
+                return (out[0].contiguous(memory_format=fmt), *out[1:])
         out = super().run_node(n)
         if n.op != "output":
             n.meta["val"] = _meta_of(out)
@@ -163,14 +183,42 @@ def choose(cap: Capture, inputs: list[Any], device: str) -> str:
     try:
         cl = channels_last(cap, inputs)
         plain_args, cl_args = cap.flat_args(inputs), cl.flat_args(inputs)
+        row_gm, cl_gm = without_norms(cap.graph_module), without_norms(cl.graph_module)
         with torch.no_grad():
             ok, err = compare(cap.graph_module(*plain_args), cl.graph_module(*cl_args))
-            row_ms, cl_ms = interleaved_ms(lambda: cap.graph_module(*plain_args), lambda: cl.graph_module(*cl_args),
+            row_ms, cl_ms = interleaved_ms(lambda: row_gm(*plain_args), lambda: cl_gm(*cl_args),
                                            device, runs=9, warmup=2)
     except Exception as e:  # noqa: BLE001 - a layout that cannot run is not chosen, the capture stays as it is
         log.warning("channels-last capture not usable: %s: %s", type(e).__name__, e)
         return ""
     keep = ok and cl_ms < row_ms * GAIN
-    log.info("layout: row-major %.3f ms, channels-last %.3f ms (outputs %s, error %.2g): %s", row_ms, cl_ms,
+    log.info("layout: row-major %.3f ms, channels-last %.3f ms, GroupNorms stood in for (outputs %s, error %.2g): "
+             "%s", row_ms, cl_ms,
              "match" if ok else "differ", err, "channels-last" if keep else "row-major")
     return "channels-last" if keep else ""
+
+
+def without_norms(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of `gm` whose GroupNorms (only their normalized output used) are each one pointwise pass over the
+    input they normalize (`x * 1`: its layout, its bytes), without the copies channels_last puts around them;
+    for timing layouts against each other, not for its values."""
+    g = _copy_graph(gm.graph)
+    for n in [n for n in g.nodes if n.target is aten.native_group_norm.default]:
+        outs = list(n.users)
+        if not all(u.target is operator.getitem and u.args[1] == 0 for u in outs):
+            continue  # the statistics are used: this one is timed as it is
+        x = n.args[0]
+        if _is_copy(x, torch.contiguous_format):
+            x = x.args[0]
+        with g.inserting_before(n):
+            stand_in = g.call_function(aten.mul.Tensor, (x, 1.0))
+        for u in outs:
+            for back in [b for b in u.users if _is_copy(b, torch.channels_last)]:
+                back.replace_all_uses_with(stand_in)
+            u.replace_all_uses_with(stand_in)
+    g.eliminate_dead_code()
+    return torch.fx.GraphModule(gm, g)
+
+
+def _is_copy(n: torch.fx.Node, fmt: torch.memory_format) -> bool:
+    return n.target is aten.clone.default and n.kwargs.get("memory_format") is fmt

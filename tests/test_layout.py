@@ -38,10 +38,14 @@ def test_the_channels_last_graph_computes_what_eager_does_and_its_tasks_are_nhwc
     nodes = list(cl.graph_module.graph.nodes)
     convs = [n for n in nodes if n.target is aten.convolution.default]
     assert convs and all(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in convs)
-    # the GroupNorm over a transposed (b, c, h*w) view reads a row-major copy, as F.group_norm makes one
+    # both GroupNorms read a row-major copy (as on CUDA, where native_group_norm takes nothing else); the one
+    # whose input was channels-last has its output copied back to channels-last, the transposed one's not
     norms = [n for n in nodes if n.target is aten.native_group_norm.default]
-    copied = [n for n in norms if n.args[0].target is aten.clone.default]
-    assert len(norms) == 2 and len(copied) == 1 and copied[0].args[0].meta["val"].is_contiguous()
+    copied = [n for n in norms if n.args[0].target is aten.clone.default and n.args[0].meta["val"].is_contiguous()]
+    assert len(norms) == 2 and len(copied) == 2
+    backs = [u for n in norms for g in n.users for u in g.users if u.target is aten.clone.default]
+    assert len(backs) == 1 and backs[0].meta["val"].is_contiguous(memory_format=torch.channels_last)
+    assert not backs[0].meta["val"].is_contiguous() and backs[0].args[0].meta["val"].is_contiguous()
     tasks = {t.key.split("-")[0]: t for t in build_tasks(cl.graph_module.graph)}
     first_norm = next(t for t in build_tasks(cl.graph_module.graph) if t.key.startswith("native_group_norm"))
     assert first_norm.inputs[0].channels_last and first_norm.outputs[0].channels_last  # written NHWC, not copied
@@ -147,3 +151,19 @@ def test_a_normalization_read_back_permuted_is_not_a_row_recipe():
     low = rowreduce.RowLowered("native_group_norm", 4, 64, (), "", (), (), (), "", 1, 1, "0", "", 1e-5)
     with pytest.raises(NotMine, match="another channel"):
         cuda_nhwc.nhwc_norm_source(norm, cuda.CudaRowKnobs(), low)
+
+
+def test_layouts_are_timed_with_groupnorms_stood_in_for_by_one_pass_in_their_layout(block):
+    loaded, cl = block
+    plain = capture(loaded.model, loaded.inputs)
+    for cap, fmt in ((plain, torch.contiguous_format), (cl, torch.channels_last)):
+        gm = layout.without_norms(cap.graph_module)
+        nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+        assert not any(n.target is aten.native_group_norm.default for n in nodes)
+        stand_ins = [n for n in nodes if n.target is aten.mul.Tensor]
+        assert len(stand_ins) == 2 and stand_ins[0].args[0].target is aten.convolution.default
+        assert stand_ins[0].args[0].meta["val"].is_contiguous(memory_format=fmt)  # the copies around it are gone
+        assert sum(n.target is aten.clone.default for n in nodes) == (fmt is torch.channels_last)  # the output's
+        (out,) = gm(*cap.flat_args([torch.randn(2, 32, 17, 19)]))
+        assert out.shape == (2, 32, 17, 19)
+    assert layout.choose(plain, loaded.inputs, "cpu") in layout.LAYOUTS

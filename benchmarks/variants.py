@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from provenance import stamp  # noqa: E402  (benchmarks/, on sys.path as the script's folder)
 
+from forge import layout  # noqa: E402
 from forge.endtoend import interleaved_ms  # noqa: E402
 from forge.model_input import load_zoo  # noqa: E402
 from forge.variants import Variant, choose, measure  # noqa: E402
@@ -75,6 +76,8 @@ def main() -> int:
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--variants", nargs="+", metavar="REWRITES@RUNTIME",
                    help="measure just these variants (no kernels), e.g. attention-gemm@inductor-cuda-graph")
+    p.add_argument("--layout", choices=("row-major", "channels-last"), default="row-major",
+                   help="the capture the variants start from (forge.layout; forge optimize measures which)")
     p.add_argument("--json")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -88,7 +91,8 @@ def main() -> int:
             Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
     for name in args.models:
-        row: dict[str, Any] = {"model": name, "dtype": args.dtype, "sizes": sizes, **stamp(args.device)}
+        row: dict[str, Any] = {"model": name, "dtype": args.dtype, "sizes": sizes, "layout": args.layout,
+                               **stamp(args.device)}
         rows.append(row)
         try:
             loaded = load_zoo(name, args.device, args.dtype, **sizes)
@@ -96,11 +100,13 @@ def main() -> int:
                 baselines(loaded, row, args.freezing)
                 save()
             start = time.monotonic()
+            cap = layout.capture_in(loaded.model, loaded.inputs, "" if args.layout == "row-major" else args.layout)
             if args.variants:
-                tried = [measure(loaded.model, loaded.inputs, [], _variant(v), args.device)[0] for v in args.variants]
+                tried = [measure(loaded.model, loaded.inputs, [], _variant(v), args.device, cap)[0]
+                         for v in args.variants]
                 best = min(tried, key=lambda m: m.ms if m.ok else float("inf"))
             else:
-                best, tried = choose(loaded.model, loaded.inputs, [], args.device, compile=args.compile)
+                best, tried = choose(loaded.model, loaded.inputs, [], args.device, compile=args.compile, cap=cap)
             row.update(best=best.to_json(), tried=[m.to_json() for m in tried], choose_s=time.monotonic() - start)
         except Exception as e:  # noqa: BLE001 - keep what was measured
             logging.exception("%s failed", name)

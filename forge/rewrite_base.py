@@ -75,6 +75,9 @@ class Rewrite(ABC):
     # The rewrite leaves passes that only a fusing compiler makes one (a softmax around GEMMs): without
     # Inductor it may not pay, so forge.variants also judges it compiled.
     pays_compiled: bool = False
+    # Rewrites that make this one's sites (fold-bn turns convolution + BatchNorm + ReLU into convolution +
+    # ReLU): when the greedy chain did not keep them, this one is also tried on top of them.
+    after: tuple[str, ...] = ()
 
     def applies_to(self, device: str) -> bool:
         """Whether the rewrite is for this device type."""

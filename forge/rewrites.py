@@ -169,6 +169,7 @@ class CudnnEpilogue(Rewrite):
 
     name = "cudnn-epilogue"
     devices = ("cuda",)
+    after = ("fold-bn",)
 
     def apply(self, g: Graph) -> int:
         sites = 0

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from forge.dispatch import apply
+from forge.rewrite_base import Graph, Rewrite, is_op
 from forge.rewrites import REWRITES, parse, rewrite
 from forge.variants import RUNTIMES, Variant, choose, measure
 
@@ -265,3 +266,35 @@ def test_a_rewrite_that_pays_only_compiled_is_judged_compiled_first(monkeypatch)
     assert names == ["eager graph, graph", "attention-gemm, graph", "attention-gemm, inductor", "model, inductor"]
     assert all(m.ok for m in tried), [m.error for m in tried]
     assert best is min(tried[1:], key=lambda m: m.ms)
+
+
+class _ConvClampedRelu(Rewrite):
+    """A rewrite whose sites (a ReLU straight after a convolution) exist only once BatchNorms are folded, as
+    cuDNN's fused ReLU's do: ReLU becomes clamp_min(0), the same function."""
+
+    name = "conv-clamp-test"
+    devices = ("cpu",)
+    after = ("fold-bn",)
+
+    def apply(self, g: Graph) -> int:
+        sites = 0
+        for relu in list(g.graph.nodes):
+            if is_op(relu, torch.ops.aten.relu.default) and is_op(relu.args[0], torch.ops.aten.convolution.default):
+                relu.replace_all_uses_with(g.call(torch.ops.aten.clamp_min.default, (relu.args[0], 0.0), relu,
+                                                  like=relu))
+                sites += 1
+        return sites
+
+
+def test_a_rewrite_not_kept_is_tried_again_on_top_of_the_rewrites_that_make_its_sites(monkeypatch):
+    monkeypatch.setitem(REWRITES, _ConvClampedRelu.name, _ConvClampedRelu())
+    torch.manual_seed(5)
+    model = ConvNet().eval()
+    x = torch.randn(2, 3, 31, 29)
+    best, tried = choose(model, [x], [], "cpu", compile=False, rewrites=("fold-bn", "conv-clamp-test"))
+    by = {m.variant.rewrites: m for m in tried}
+    assert ("fold-bn", "conv-clamp-test") in by and by[("fold-bn", "conv-clamp-test")].match
+    assert by[("fold-bn", "conv-clamp-test")].sites.get("conv-clamp-test")
+    if ("conv-clamp-test",) in by:  # tried alone (fold-bn was not kept): no convolution feeds a ReLU before it
+        assert "nothing to rewrite" in by[("conv-clamp-test",)].error
+    assert best.ok and best.match

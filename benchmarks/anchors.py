@@ -115,8 +115,8 @@ def module(a: Anchor, device: str) -> nn.Module:
 
 def tasks_of(a: Anchor, device: str):
     """The anchor region's tasks as forge cuts them (captured on meta: shapes only)."""
-    from forge.capture import capture
-    from forge.tasks import build_tasks
+    from forge.capture.export import capture
+    from forge.tasks.cut import build_tasks
 
     m = module(a, "meta")
     inputs = [torch.empty(s, dtype=d, device="meta") for s, d in a.shapes]
@@ -133,10 +133,10 @@ def main() -> int:
     args = p.parse_args()
 
     from forge.bench import Clock, measure_bandwidth
-    from forge.evaluate import Evaluator
+    from forge.evaluate.evaluator import Evaluator
     from forge.kernel import TaskSpec
-    from forge.policy import RecipePolicy
-    from forge.search import Budget, search
+    from forge.policy.recipes.policy import RecipePolicy
+    from forge.search.driver import Budget, search
     from forge.store import Store
     from forge.store.recorder import StoreRecorder
 

@@ -33,11 +33,11 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from forge.build import build  # noqa: E402
-from forge.dispatch import GuardedKernel, KernelArtifact  # noqa: E402
+from forge.evaluate.build import build  # noqa: E402
+from forge.evaluate.launch import Launcher  # noqa: E402
 from forge.kernel import Candidate, TaskSpec  # noqa: E402
-from forge.launch import Launcher  # noqa: E402
-from forge.tasks import Task, build_tasks  # noqa: E402
+from forge.runtime.dispatch import GuardedKernel, KernelArtifact  # noqa: E402
+from forge.tasks.cut import Task, build_tasks  # noqa: E402
 
 CUDA_SOURCE = r"""
 #include "forge_abi.h"
@@ -61,7 +61,7 @@ class Swish2(torch.nn.Module):
 
 def the_task(rows: int) -> Task:
     """The model's one task, captured on the CPU (its key and reference do not depend on the device)."""
-    from forge.capture import capture
+    from forge.capture.export import capture
 
     x = torch.randn(rows, 64)
     (task,) = build_tasks(capture(Swish2(), [x]).graph_module.graph)
@@ -71,12 +71,12 @@ def the_task(rows: int) -> Task:
 def kernel(task: Task, device: str) -> KernelArtifact:
     """The built kernel for the task on the device."""
     if device == "cpu":
-        from forge.recipes import pointwise
+        from forge.policy.recipes import pointwise
 
         cand = pointwise.candidate(pointwise.lower(TaskSpec.of(task)), pointwise.Knobs())
         arch = None
     else:
-        from forge.evaluate import device_arch
+        from forge.evaluate.evaluator import device_arch
 
         cand, arch = Candidate("cuda", CUDA_SOURCE), device_arch(device)
     built = build(cand, arch)

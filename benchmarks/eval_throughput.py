@@ -26,10 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from forge.capture import capture  # noqa: E402
-from forge.evaluate import Evaluator  # noqa: E402
+from forge.capture.export import capture  # noqa: E402
+from forge.evaluate.evaluator import Evaluator  # noqa: E402
 from forge.kernel import Candidate, TaskSpec  # noqa: E402
-from forge.tasks import build_tasks  # noqa: E402
+from forge.tasks.cut import build_tasks  # noqa: E402
 
 CUDA_TEMPLATE = r"""
 #include "forge_abi.h"
@@ -108,7 +108,7 @@ def candidates(device: str, n: int) -> list[Candidate]:
 
 def recipe_candidates(spec: TaskSpec, device: str, n: int) -> list[Candidate]:
     """n distinct kernels from forge's own generator (the recipe policy's knob space for the task)."""
-    from forge.policy import _SPACES, RecipePolicy
+    from forge.policy.recipes.policy import _SPACES, RecipePolicy
 
     policy = RecipePolicy(device)
     cls = policy.knob_class(spec)

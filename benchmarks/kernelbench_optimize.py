@@ -120,8 +120,8 @@ def time_baseline(path: Path, device: str) -> dict[str, Any]:
     """In this process: eager against torch.compile (and reduce-overhead on CUDA), interleaved, outputs compared."""
     import torch
 
-    from forge.endtoend import fresh_inputs, interleaved_ms, outputs_match
-    from forge.model_input import load_file
+    from forge.capture.model_input import load_file
+    from forge.runtime.endtoend import fresh_inputs, interleaved_ms, outputs_match
 
     loaded = load_file(path, device)
     model, inputs = loaded.model, loaded.inputs

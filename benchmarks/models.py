@@ -5,7 +5,7 @@ For each zoo model: `forge optimize` as a user runs it (recipe policy, its defau
 and torch.compile of the eager model in its default mode and with `mode="reduce-overhead"`. The four are
 timed interleaved in this process, round-robin call by call (CUDA events around each call after a
 device-wide synchronisation; medians, with p10 and p90), and the outputs of each are compared with eager's
-on fresh inputs (forge.endtoend's tolerance). Run one model a process (h200_models.sh does).
+on fresh inputs (forge.runtime.endtoend's tolerance). Run one model a process (h200_models.sh does).
 
     python benchmarks/models.py --device cuda --dtype bf16 --models resnet50 --json out/resnet50.bf16.json
     python benchmarks/models.py --device cpu --models resnet50 --batch 2 --resolution 64 --seconds 30   # smoke
@@ -36,15 +36,15 @@ from breakdown import breakdown  # noqa: E402  (benchmarks/, on sys.path as the 
 from provenance import stamp  # noqa: E402
 
 import forge  # noqa: E402
-from forge.endtoend import alternate, fresh_inputs, outputs_match  # noqa: E402
-from forge.model_input import load_zoo  # noqa: E402
+from forge.capture.model_input import load_zoo  # noqa: E402
 from forge.optimize import optimize  # noqa: E402
-from forge.search import Budget  # noqa: E402
+from forge.runtime.endtoend import alternate, fresh_inputs, outputs_match  # noqa: E402
+from forge.search.driver import Budget  # noqa: E402
 from forge.store import Store  # noqa: E402
 
 
 def round_robin(fns: dict[str, Callable[[], Any]], device: str, runs: int = 25) -> dict[str, dict]:
-    """Each callable timed in turn (forge.endtoend.alternate); per name the median, p10 and p90 in ms."""
+    """Each callable timed in turn (forge.runtime.endtoend.alternate); per name the median, p10 and p90 in ms."""
     out = {}
     for k, s in zip(fns, alternate(list(fns.values()), device, runs), strict=True):
         s = sorted(s)
@@ -159,7 +159,7 @@ def main() -> int:
         profiles(rows)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("forge.capture", "forge.rewrites", "torch"):
+    for noisy in ("forge.capture.export", "forge.runtime.rewrites", "torch"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}
     rows: list[dict] = []

@@ -33,12 +33,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from provenance import stamp  # noqa: E402
 
-from forge.capture import capture  # noqa: E402
-from forge.evaluate import Evaluator  # noqa: E402
+from forge.capture.export import capture  # noqa: E402
+from forge.evaluate.evaluator import Evaluator  # noqa: E402
 from forge.kernel import Candidate, TaskSpec  # noqa: E402
 from forge.store import Store  # noqa: E402
 from forge.store.recorder import evaluation_fields  # noqa: E402
-from forge.tasks import build_tasks  # noqa: E402
+from forge.tasks.cut import build_tasks  # noqa: E402
 
 CORPUS = ROOT / "tests" / "corpus"
 SUFFIX = {"cpu": ".cpp", "cuda": ".cu", "triton": ".py"}

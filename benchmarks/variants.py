@@ -1,6 +1,6 @@
 """What the whole-graph rewrites and runtimes give the reference models, with no searched kernel at all.
 
-For each zoo model: torch.compile (default and `reduce-overhead`) against eager, then forge.variants.choose
+For each zoo model: torch.compile (default and `reduce-overhead`) against eager, then forge.runtime.variants.choose
 with no kernels (every rewrite tried greedily on the CUDA-graph runtime, then Inductor with CUDA graphs),
 every variant timed interleaved with eager in this process (CUDA events, medians) and its outputs compared
 on fresh inputs. One model a process (`--models` takes one; h200_variants.sh loops).
@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from provenance import stamp  # noqa: E402  (benchmarks/, on sys.path as the script's folder)
 
-from forge import layout  # noqa: E402
-from forge.endtoend import interleaved_ms  # noqa: E402
-from forge.model_input import load_zoo  # noqa: E402
-from forge.variants import Variant, choose, measure  # noqa: E402
+from forge.capture import layout  # noqa: E402
+from forge.capture.model_input import load_zoo  # noqa: E402
+from forge.runtime.endtoend import interleaved_ms  # noqa: E402
+from forge.runtime.variants import Variant, choose, measure  # noqa: E402
 
 
 def baselines(loaded: Any, row: dict, freezing: bool) -> None:
@@ -77,11 +77,11 @@ def main() -> int:
     p.add_argument("--variants", nargs="+", metavar="REWRITES@RUNTIME",
                    help="measure just these variants (no kernels), e.g. attention-gemm@inductor-cuda-graph")
     p.add_argument("--layout", choices=("row-major", "channels-last"), default="row-major",
-                   help="the capture the variants start from (forge.layout; forge optimize measures which)")
+                   help="the capture the variants start from (forge.capture.layout; forge optimize measures which)")
     p.add_argument("--json")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    for noisy in ("forge.capture", "forge.rewrites", "torch"):
+    for noisy in ("forge.capture.export", "forge.runtime.rewrites", "torch"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}
     rows: list[dict] = []

@@ -98,7 +98,7 @@ def time_call_us(fn: Callable[[], object], cuda: bool, before: Callable[[], obje
 def interleaved(clock: Clock, fns: list[Callable[[], object]], cfg: BenchConfig,
                 prepare: Callable[[bool], None] | None = None) -> list[Timing]:
     """Time several callables call by call in turn; one Timing each. `prepare(timed)`: called before every
-    round, warm-up (False) and timed (True), outside the timed region (forge.spotcheck perturbs the inputs
+    round, warm-up (False) and timed (True), outside the timed region (forge.evaluate.spotcheck perturbs the inputs
     and draws the calls it keeps there)."""
     prep = prepare or (lambda timed: None)
 

@@ -16,7 +16,7 @@ from forge.backends import BACKENDS, NAMES
 from forge.errors import UserError
 
 if TYPE_CHECKING:
-    from forge.policy import Policy
+    from forge.policy.base import Policy
     from forge.store import Store
 
 log = logging.getLogger("forge")
@@ -35,9 +35,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resolution", type=int, help="zoo: image resolution in pixels")
 
 
-def load_model(args: argparse.Namespace):  # noqa: ANN201 - returns forge.model_input.LoadedModel
+def load_model(args: argparse.Namespace):  # noqa: ANN201 - returns forge.capture.model_input.LoadedModel
     """The model named by the common options: a file or --zoo NAME."""
-    from forge import model_input
+    from forge.capture import model_input
 
     sizes = {"layers": args.layers, "batch": args.batch, "seq": args.seq, "resolution": args.resolution}
     if args.zoo and getattr(args, "model", None):
@@ -55,8 +55,8 @@ def load_model(args: argparse.Namespace):  # noqa: ANN201 - returns forge.model_
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """forge profile: tasks by share of time."""
-    from forge.profile import profile_model
-    from forge.render import print_profile
+    from forge.capture.profile import profile_model
+    from forge.tasks.render import print_profile
 
     loaded = load_model(args)
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}
@@ -70,11 +70,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """forge eval: one candidate through build, verification and timing; exit 0 if it passes, 1 if not."""
-    from forge.evaluate import Evaluator
+    from forge.capture.model_input import check_device
+    from forge.capture.profile import Profile, profile_model
+    from forge.evaluate.evaluator import Evaluator
     from forge.kernel import Candidate, TaskSpec
-    from forge.model_input import check_device
-    from forge.profile import Profile, profile_model
-    from forge.render import print_eval
+    from forge.tasks.render import print_eval
 
     path = Path(args.kernel)
     if not path.is_file():
@@ -146,9 +146,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from forge.optimize import optimize
-    from forge.render import print_optimize
-    from forge.search import Budget
+    from forge.search.driver import Budget
     from forge.store import Store
+    from forge.tasks.render import print_optimize
 
     store = Store(args.db)
     if args.resume:  # the run's own model (unless one is given: it must match), device, dtype and budget
@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-usd", type=float, help="LLM budget in US dollars: the search stops when it is spent")
     p.add_argument("--replay", metavar="RUN", help="answer every LLM request from run RUN's stored calls only "
                    "(no network, no key)")
-    p.add_argument("--prices", metavar="JSON", help="LLM prices overriding forge/llm/prices.json")
+    p.add_argument("--prices", metavar="JSON", help="LLM prices overriding forge/policy/llm/prices.json")
     p.add_argument("--budget", type=int, default=400, help="candidates over all tasks, at most (default 400: a cap; "
                    "--seconds is what ends a run)")
     p.add_argument("--seconds", type=float, default=300.0, help="wall time of the whole run: capture, search, "

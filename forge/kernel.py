@@ -19,7 +19,7 @@ from typing import Any
 
 from forge.backends import BACKENDS, of_file
 from forge.backends import backend as _backend
-from forge.capture import TensorMeta
+from forge.capture.export import TensorMeta
 
 ABI_DIR = Path(__file__).resolve().parent / "abi"
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3, "int64": 4, "int32": 5, "int8": 6,
@@ -30,7 +30,7 @@ class Status(str, Enum):
     """How an evaluation ended. Only OK passes; each kind of rejection has its own status."""
 
     OK = "ok"
-    # Static checks (forge.checks), before building:
+    # Static checks (forge.evaluate.checks), before building:
     FORBIDDEN_TORCH = "forbidden_torch"  # calls into PyTorch/ATen compute
     FORBIDDEN_ALLOC = "forbidden_alloc"  # allocates memory (the harness allocates every output)
     FORBIDDEN_CONCURRENCY = "forbidden_concurrency"  # other streams or threads
@@ -44,7 +44,7 @@ class Status(str, Enum):
     CRASH = "crash"  # the worker died: segfault, abort, illegal address
     TIMEOUT = "timeout"  # a hang or an infinite loop
     OUT_OF_MEMORY = "out_of_memory"
-    # Verification (forge.verify):
+    # Verification (forge.evaluate.verify):
     OUT_OF_BOUNDS = "out_of_bounds"  # wrote into the guard zone around an output
     INPUT_MUTATED = "input_mutated"
     PARTIAL_WRITE = "partial_write"  # some output element was left as the NaN poison
@@ -142,7 +142,7 @@ class TaskSpec:
 
     @classmethod
     def of(cls, task: Any) -> TaskSpec:
-        """The spec of a forge.tasks.Task."""
+        """The spec of a forge.tasks.cut.Task."""
         return cls(task.key, task.source, task.inputs, task.outputs, task.bytes)
 
 

@@ -9,18 +9,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from forge import artifact
-from forge.dispatch import KernelArtifact
-from forge.endtoend import alternate
+from forge.capture.model_input import LoadedModel
+from forge.capture.profile import profile_model
 from forge.errors import UserError
-from forge.evaluate import Evaluator
-from forge.model_input import LoadedModel
-from forge.policy import Policy, RecipePolicy
-from forge.profile import profile_model
-from forge.search import Budget, Progress, TaskOutcome, search
+from forge.evaluate.evaluator import Evaluator
+from forge.policy.base import Policy
+from forge.policy.recipes.policy import RecipePolicy
+from forge.runtime import artifact
+from forge.runtime.dispatch import KernelArtifact
+from forge.runtime.endtoend import alternate
+from forge.runtime.variants import GAIN, TRIVIAL, Measured, Variant, choose
+from forge.search.driver import Budget, Progress, TaskOutcome, search
 from forge.store import RunRecord, Store, TaskRecord
 from forge.store.recorder import StoreRecorder
-from forge.variants import GAIN, TRIVIAL, Measured, Variant, choose
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class OptimizeReport:
     forge_ms: float
     outputs_match: bool
     max_rel_err: float
-    applied: bool  # False: no variant (forge.variants) was 1% faster than eager, so forge returns eager
+    applied: bool  # False: no variant (forge.runtime.variants) was 1% faster than eager, so forge returns eager
     patched_ms: float  # the found kernels with no rewrite (a CUDA graph on CUDA), applied or not
     cuda_graph: bool  # the model you get replays the patched forward as a CUDA graph
     graph_ms: float | None  # the patched model's time as a CUDA graph (CUDA only), used or not
@@ -52,7 +53,7 @@ class OptimizeReport:
     variant: Variant | None = None  # what the model you get is made of (None: eager, nothing was faster)
     variants: tuple[Measured, ...] = ()  # every variant measured end to end, in the order tried
     peak_mem_ratio: float | None = None  # CUDA: peak device memory of a forward of the result over eager's
-    layout: str = ""  # the activation layout the model was captured and searched in (forge.layout; "": as given)
+    layout: str = ""  # the activation layout captured and searched in (forge.capture.layout; "": as given)
 
     @property
     def speedup(self) -> float:
@@ -84,11 +85,11 @@ def _eager_ms(loaded: LoadedModel) -> float:
 
 def make_policy(name: str, device: str, **llm: Any) -> Policy:
     """The policy named on the command line: `recipes`, or an LLM (`openai:MODEL`, `recipes+anthropic:MODEL`,
-    ...; `llm` holds store, max_usd, replay, prices: see forge.llm.make_llm_policy). Bad input is a UserError.
+    ...; `llm` holds store, max_usd, replay, prices: see forge.policy.llm.make_llm_policy). Bad input is a UserError.
     """
     if name == "recipes":
         return RecipePolicy(device)
-    from forge.llm import make_llm_policy
+    from forge.policy.llm import make_llm_policy
 
     return make_llm_policy(name, device, **llm)
 
@@ -131,8 +132,8 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     `resume` continues a stopped or killed run (its id) with its stored budget, trees and decisions; no
     stored candidate is evaluated again. `load` (how the model was loaded) is kept in the run's config.
     `profile_out`: also write the profile the search starts from (forge profile's JSON) there.
-    `inductor`: also measure the result compiled by torch.compile (forge.variants); the fastest variant wins.
-    `layout`: the activation layout to capture and search in (forge.layout; None: measured, the faster one).
+    `inductor`: also measure the result compiled by torch.compile (forge.runtime.variants); the fastest variant wins.
+    `layout`: the activation layout to capture and search in (forge.capture.layout; None: measured, the faster one).
     """
     start = time.monotonic()
     pol = make_policy(policy, loaded.device) if isinstance(policy, str) else policy

@@ -4,9 +4,9 @@ Error: max |out - ref| / (|ref| + mean |ref|) over the judged elements (float64 
 float32: the tolerances are far above float32's rounding of the reference). The scale term `mean |ref|`
 keeps tiny outputs from passing as zeros and large ones from failing on rounding.
 
-Tolerances per dtype: `kernel`, one region against its reference in higher precision (forge.verify; above
+Tolerances per dtype: `kernel`, one region against its reference in higher precision (forge.evaluate.verify; above
 it, up to `low_precision`, an error looks like arithmetic in a lower precision than asked), and `model`, a
-whole forward against eager's (forge.endtoend: many regions' rounding adds up, and eager is not exact).
+whole forward against eager's (forge.runtime.endtoend: many regions' rounding adds up, and eager is not exact).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def ui(rs, tmp_path_factory):
 def lowerable(tasks, lower):
     """(task, lowered) for each task a recipe's `lower` takes; the others are skipped."""
     from forge.kernel import TaskSpec
-    from forge.recipes.pointwise import NotMine
+    from forge.policy.recipes.pointwise import NotMine
 
     out = []
     for t in tasks:

@@ -39,9 +39,9 @@ class ReviewStore:
 @functools.cache
 def review_store(folder: Path) -> ReviewStore:
     """Run the small search into folder/forge.db and add the hostile node (conftest builds it once a session)."""
-    from forge.model_input import load_file
+    from forge.capture.model_input import load_file
     from forge.optimize import optimize
-    from forge.search import Budget
+    from forge.search.driver import Budget
     from forge.store import Store
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,12 @@
 """A worker process a candidate has taken over (issue 13, class C), for tests/test_judge.py.
 
 Run as `python tests/taken_over_worker.py MODE FD_IN FD_OUT DEVICE [confine]`: patches what MODE names in
-this process, as code that escaped into the interpreter could, then serves steps as forge.worker does.
+this process, as code that escaped into the interpreter could, then serves steps as forge.evaluate.child does.
 - `none`: nothing (the control);
 - `fast-clock`: the candidate's timed median reported 20x lower than measured;
 - `slow-eager`: eager's timed median reported 1000x higher than measured (more than any load here slows it);
-- `verifier`: forge.verify's and forge.spotcheck's judging made to pass everything (the judge is elsewhere);
+- `verifier`: forge.evaluate.verify's and forge.evaluate.spotcheck's judging made to pass everything (the judge is
+  elsewhere);
 - `forged-verdict`: every step answered with a verdict of its own (accepted, 1 us against eager's 1 s);
 - `partial-reply`: every step answered with the start of a message, then nothing (forge must not wait forever).
 """
@@ -13,13 +14,13 @@ this process, as code that escaped into the interpreter could, then serves steps
 import sys
 from dataclasses import replace
 
-import forge.spotcheck
-import forge.verify
-import forge.worker
+import forge.evaluate.child
+import forge.evaluate.spotcheck
+import forge.evaluate.verify
 
 
 def _scaled(candidate: float, eager: float):  # noqa: ANN202 - a patch
-    real = forge.worker.interleaved
+    real = forge.evaluate.child.interleaved
 
     def interleaved(clock, fns, cfg, prepare=None):  # noqa: ANN001, ANN202
         timing, baseline = real(clock, fns, cfg, prepare)
@@ -30,18 +31,18 @@ def _scaled(candidate: float, eager: float):  # noqa: ANN202 - a patch
 
 mode, argv = sys.argv[1], sys.argv[2:]
 if mode == "fast-clock":
-    forge.worker.interleaved = _scaled(1 / 20, 1.0)
+    forge.evaluate.child.interleaved = _scaled(1 / 20, 1.0)
 elif mode == "slow-eager":
-    forge.worker.interleaved = _scaled(1.0, 1000.0)
+    forge.evaluate.child.interleaved = _scaled(1.0, 1000.0)
 elif mode == "verifier":
-    forge.verify.within_tolerance = lambda *a, **k: None
-    forge.verify.nonfinite = lambda *a, **k: None
-    forge.verify.rel_error = lambda *a, **k: 0.0  # the name forge.verify judges by
+    forge.evaluate.verify.within_tolerance = lambda *a, **k: None
+    forge.evaluate.verify.nonfinite = lambda *a, **k: None
+    forge.evaluate.verify.rel_error = lambda *a, **k: 0.0  # the name forge.evaluate.verify judges by
 elif mode == "forged-verdict":
     from forge.kernel import EvalResult, Status, Timing
 
     fast, slow = Timing(1.0, 1.0, 1.0, 1.0, 0.0, 10), Timing(1e6, 1e6, 1e6, 1e6, 0.0, 10)
-    forge.worker.handle = lambda msg, st: EvalResult(Status.OK, timing=fast, baseline=slow)
+    forge.evaluate.child.handle = lambda msg, st: EvalResult(Status.OK, timing=fast, baseline=slow)
 elif mode == "partial-reply":  # after the ready message: a header for 1000 bytes, 10 of them, then a stall
     import time
     from multiprocessing.connection import Connection
@@ -56,4 +57,4 @@ elif mode == "partial-reply":  # after the ready message: a header for 1000 byte
     Connection.send = stalls
 elif mode != "none":
     raise SystemExit(f"unknown mode {mode!r}")
-sys.exit(forge.worker.main(argv))
+sys.exit(forge.evaluate.child.main(argv))

@@ -2,7 +2,7 @@
 
 from conftest import MODELS
 
-from forge.build import BuildPool, build, build_key
+from forge.evaluate.build import BuildPool, build, build_key
 from forge.kernel import Candidate
 
 GOOD = (MODELS.parent / "kernels" / "relu_good.cpp").read_text()

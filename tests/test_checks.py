@@ -1,10 +1,10 @@
-"""Unit tests of forge.checks on small sources: each rule fires with its status, good kernels pass clean."""
+"""Unit tests of forge.evaluate.checks on small sources: each rule fires with its status, good kernels pass clean."""
 
 from __future__ import annotations
 
 import pytest
 
-from forge.checks import check, check_c, check_python
+from forge.evaluate.checks import check, check_c, check_python
 from forge.kernel import Candidate, Status
 
 CPU_LAUNCH = 'extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {\n'
@@ -363,9 +363,9 @@ def test_python_bad_format() -> None:
 
 # --- evasions found in review: each must be caught -------------------------------------------------------
 
-_STRINGS = ("forge/checks.py _strip_c_comments strips `//...` and `/*...*/` with two regexes that do not "
+_STRINGS = ("forge/evaluate/checks.py _strip_c_comments strips `//...` and `/*...*/` with two regexes that do not "
             "know string literals: a `//` inside a string drops the rest of that line from the checks")
-_BOUNDARY = ("forge/checks.py _C_RULES use `\\b` before names, and `_` is a word character: a `__`-prefixed "
+_BOUNDARY = ("forge/evaluate/checks.py _C_RULES use `\\b` before names, and `_` is a word character: a `__`-prefixed "
              "alias (glibc's __environ, gcc's __builtin_malloc) is not matched")
 
 C_GAPS = [
@@ -377,7 +377,7 @@ C_GAPS = [
      _BOUNDARY),
     ("__builtin_malloc", cpu("void* p = __builtin_malloc(1ull << 40);"), Status.FORBIDDEN_ALLOC, _BOUNDARY),
     ("new-scalar", cpu("float* p = new float;"), Status.FORBIDDEN_ALLOC,
-     "forge/checks.py: the `new` pattern needs `[` or `(` after the type, so `new float;` is not matched"),
+     "forge/evaluate/checks.py: the `new` pattern needs `[` or `(` after the type, so `new float;` is not matched"),
 ]
 
 

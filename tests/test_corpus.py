@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge.build import BuildResult, build
-from forge.capture import capture
-from forge.checks import check
-from forge.evaluate import Evaluator
+from forge.capture.export import capture
+from forge.evaluate.build import BuildResult, build
+from forge.evaluate.checks import check
+from forge.evaluate.evaluator import Evaluator
+from forge.evaluate.sandbox import allowed, scrubbed_env
 from forge.kernel import Candidate, EvalResult, Status, TaskSpec
-from forge.sandbox import allowed, scrubbed_env
-from forge.tasks import build_tasks
+from forge.tasks.cut import build_tasks
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 CPU_FILES = sorted((CORPUS / "cpu").glob("*.cpp"))
@@ -50,7 +50,7 @@ C_KINDS = {
     "nan_at_zero": "nonfinite", "clamps_large": "wrong_result", "overflowing_exp": "nonfinite",
     "caches_on_samples": "wrong_result",
 }
-# CPU kernels whose source passes the text checks and whose built library does not (forge.elfcheck).
+# CPU kernels whose source passes the text checks and whose built library does not (forge.evaluate.elfcheck).
 BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_concurrency",
                 "macro_constructor": "forbidden_code", "exit_handler": "forbidden_code",
                 "raw_syscall": "forbidden_io", "pointer_to_kill": "forbidden_io", "pasted_getenv": "forbidden_io",
@@ -137,7 +137,7 @@ def test_corpus_file_header(path: Path) -> None:
 
 @pytest.mark.parametrize("path", params(ALL_FILES))
 def test_corpus_static_checks(path: Path) -> None:
-    """Static kinds are rejected by forge.checks with their status first; no other file has any finding."""
+    """Static kinds are rejected by forge.evaluate.checks with their status first; no other file has any finding."""
     findings = check(Candidate.from_file(path))
     want = expected(path)
     if path.stem in BINARY_KINDS or path.stem in RUNTIME_KINDS:
@@ -171,8 +171,8 @@ def test_cpu_corpus(path: Path, spec: TaskSpec, cpu_evaluator: Evaluator) -> Non
 def test_only_the_seccomp_filter_stops_the_runtime_kinds(kind: str, spec: TaskSpec, tmp_path: Path) -> None:
     """Built and checked, such a kernel is clean; a worker without the filter accepts it (it ran a program
     and still computed right), so the filter is what rejects it in test_cpu_corpus."""
-    from forge.elfcheck import check_library
-    from forge.workers import Worker
+    from forge.evaluate.elfcheck import check_library
+    from forge.evaluate.parent import Worker
 
     cand = Candidate.from_file(CORPUS / "cpu" / f"{kind}.cpp")
     built = build(cand, cache_dir=tmp_path)
@@ -307,8 +307,8 @@ def test_worker_env_is_an_allowlist(spec: TaskSpec, tmp_path: Path, monkeypatch:
 def test_a_root_worker_has_no_network(spec: TaskSpec, tmp_path: Path) -> None:
     """A worker started by root lives in a network namespace of its own: no interface but a loopback, down
     (the CUDA worker has no seccomp filter to refuse sockets: this is what keeps it off the network)."""
-    from forge.sandbox import network_namespace
-    from forge.workers import Worker
+    from forge.evaluate.parent import Worker
+    from forge.evaluate.sandbox import network_namespace
 
     with Worker("cpu", confined=False) as w:
         w._start()
@@ -327,7 +327,7 @@ def test_a_root_worker_has_no_network(spec: TaskSpec, tmp_path: Path) -> None:
 def test_a_cuda_worker_in_its_own_network_namespace_judges_as_before(name: str, spec: TaskSpec, tmp_path: Path) -> None:
     """What must hold before CUDA workers get a network namespace by default: CUDA, Triton and the CUDA IPC
     arena work inside one."""
-    from forge.workers import Worker
+    from forge.evaluate.parent import Worker
 
     with Evaluator("cuda", timeout_s=60, cache_dir=tmp_path) as ev:
         ev.worker.close()

@@ -6,14 +6,14 @@ import pytest
 import torch
 from conftest import EXAMPLES
 
-from forge.build import build
-from forge.capture import capture, node_meta
-from forge.dispatch import GuardedKernel, KernelArtifact, apply
-from forge.endtoend import fresh_inputs, outputs_match
+from forge.capture.export import capture, node_meta
+from forge.capture.model_input import load_file
+from forge.evaluate.build import build
 from forge.kernel import TaskSpec
-from forge.model_input import load_file
-from forge.recipes.pointwise import Knobs, NotMine, candidate, lower
-from forge.tasks import build_tasks, cut, render
+from forge.policy.recipes.pointwise import Knobs, NotMine, candidate, lower
+from forge.runtime.dispatch import GuardedKernel, KernelArtifact, apply
+from forge.runtime.endtoend import fresh_inputs, outputs_match
+from forge.tasks.cut import build_tasks, cut, render
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ class NormThenMean(torch.nn.Module):
 
 
 def test_chained_regions_are_both_patched():
-    from forge.policy import RecipePolicy
+    from forge.policy.recipes.policy import RecipePolicy
 
     model, x = NormThenMean(), torch.randn(32, 64)
     pol, arts = RecipePolicy(), []
@@ -100,7 +100,7 @@ def test_chained_regions_are_both_patched():
 
 
 def test_kernels_from_another_device_model_run_only_after_verification_here(swiglu, tmp_path, caplog):
-    from forge import artifact
+    from forge.runtime import artifact
 
     loaded, arts = swiglu
     x = torch.randn(4, 256, 512)
@@ -153,8 +153,8 @@ def test_views_still_apply_where_kernels_changed_a_layout():
     """SD3.5's MMDiT, one block: kernels write row-major where eager had permuted layouts, and attention
     then lays out its output differently too; a later `view` that relied on eager's strides raised here
     before views became reshapes in the patched graph."""
-    from forge.model_input import load_zoo
-    from forge.policy import RecipePolicy
+    from forge.capture.model_input import load_zoo
+    from forge.policy.recipes.policy import RecipePolicy
 
     loaded = load_zoo("sd35-mmdit", "cpu", "fp32", layers=1, resolution=128, batch=1)
     pol, arts = RecipePolicy(), []
@@ -179,7 +179,7 @@ def test_views_still_apply_where_kernels_changed_a_layout():
 def test_a_tampered_artifact_is_refused_and_manifest_text_never_runs(swiglu, tmp_path):
     import json
 
-    from forge import artifact
+    from forge.runtime import artifact
 
     loaded, arts = swiglu
     saved = artifact.save(tmp_path / "a", arts, {"device_model": artifact.device_model("cpu")})
@@ -223,7 +223,7 @@ def test_a_tampered_artifact_is_refused_and_manifest_text_never_runs(swiglu, tmp
 def test_a_variant_without_some_kernels_runs_the_rest(swiglu):
     """What choose tries when Inductor gave some kernels another layout (they fell back): the same variant
     without them, named so, rebuilt so by forge.load (the manifest keeps the keys left out)."""
-    from forge.variants import Variant, build
+    from forge.runtime.variants import Variant, build
 
     loaded, arts = swiglu
     dropped = arts[0].key

@@ -2,7 +2,7 @@
 
 import torch
 
-from forge.endtoend import outputs_match
+from forge.runtime.endtoend import outputs_match
 
 
 def test_outputs_are_judged_against_float64_when_eager_is_rounding_noise():

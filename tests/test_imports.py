@@ -30,7 +30,8 @@ def test_the_contracts_hold():
 def test_a_planted_forbidden_import_breaks_a_contract(tmp_path):
     shutil.copytree(ROOT / "forge", tmp_path / "forge", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    verify = tmp_path / "forge" / "verify.py"
+    verify = tmp_path / "forge" / "evaluate" / "verify.py"
     verify.write_text(verify.read_text().replace("import torch\n", "import torch\n\nimport forge.store  # noqa\n", 1))
     r = _lint(tmp_path)
-    assert r.returncode != 0 and "BROKEN" in r.stdout and "forge.verify -> forge.store" in r.stdout, r.stdout[-3000:]
+    assert r.returncode != 0 and "BROKEN" in r.stdout, r.stdout[-3000:]
+    assert "forge.evaluate.verify -> forge.store" in r.stdout, r.stdout[-3000:]

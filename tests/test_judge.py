@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge.capture import capture
-from forge.evaluate import Evaluator
+from forge.capture.export import capture
+from forge.evaluate.evaluator import Evaluator
+from forge.evaluate.parent import Worker
 from forge.kernel import Candidate, Status, TaskSpec
-from forge.tasks import build_tasks
-from forge.workers import Worker
+from forge.tasks.cut import build_tasks
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "cpu"
 TAKEN_OVER = str(Path(__file__).resolve().parent / "taken_over_worker.py")
@@ -83,7 +83,7 @@ def test_an_eager_time_made_slower_is_replaced_by_the_judges(spec: TaskSpec, tmp
                                                ("drift_after_judging", Status.WRONG_RESULT)])
 def test_patching_the_verifier_in_the_worker_changes_nothing(kind: str, status: Status, spec: TaskSpec,
                                                              tmp_path: Path) -> None:
-    """forge.verify's judging patched to pass everything, in the worker: the verdict is made elsewhere."""
+    """forge.evaluate.verify's judging patched to pass everything, in the worker: the verdict is made elsewhere."""
     r = _evaluate("verifier", spec, Candidate.from_file(CORPUS / f"{kind}.cpp"), tmp_path)
     assert r.status is status, f"{r.status}: {r.message}"
 
@@ -93,8 +93,8 @@ def test_the_worker_holds_no_judge() -> None:
     this checks the running process)."""
     import subprocess
 
-    code = ("import sys, forge.worker; bad = [m for m in ('forge.verify', 'forge.judge') if m in sys.modules];"
-            " print(bad)")
+    code = ("import sys, forge.evaluate.child; "
+            "bad = [m for m in ('forge.evaluate.verify', 'forge.evaluate.judge') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -120,8 +120,8 @@ def test_replies_are_decoded_with_only_their_own_classes() -> None:
     import os
     import pickle
 
+    from forge.evaluate.steps import Reply, decode, valid_reply
     from forge.kernel import EvalResult, Timing
-    from forge.steps import Reply, decode, valid_reply
 
     good = (Reply(Status.OK, "", Timing(3.0, 2.0, 4.0, 3.0, 0.5, 10), Timing(9.0, 8.0, 10.0, 9.0, 0.5, 10), 1), 0.1)
     assert valid_reply(decode(pickle.dumps(good))) == good[0]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from forge.launch import ForbiddenTorch, Launcher, NoTorchCompute
+from forge.evaluate.launch import ForbiddenTorch, Launcher, NoTorchCompute
 
 SNEAKY = '''
 import torch

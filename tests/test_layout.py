@@ -1,4 +1,5 @@
-"""Capturing in channels-last (forge.layout): the graph, its tasks, kernels that write channels-last, the run."""
+"""Capturing in channels-last (forge.capture.layout): the graph, its tasks, kernels that write channels-last,
+the run."""
 
 import json
 
@@ -7,15 +8,15 @@ import torch
 from conftest import EXAMPLES, MODELS, lowerable
 
 import forge
-from forge import layout
-from forge.artifact import ArtifactError
-from forge.capture import TensorMeta, capture
+from forge.capture import layout
+from forge.capture.export import TensorMeta, capture
+from forge.capture.model_input import load_file
 from forge.cli import main
-from forge.evaluate import Evaluator
+from forge.evaluate.evaluator import Evaluator
 from forge.kernel import TaskSpec
-from forge.model_input import load_file
-from forge.recipes import pointwise, rowreduce
-from forge.tasks import build_tasks
+from forge.policy.recipes import pointwise, rowreduce
+from forge.runtime.artifact import ArtifactError
+from forge.tasks.cut import build_tasks
 
 aten = torch.ops.aten
 
@@ -131,8 +132,8 @@ def test_optimize_in_channels_last_records_the_layout_and_load_rebuilds_it(tmp_p
 def test_a_normalization_read_back_permuted_is_not_a_row_recipe():
     """The row statistics describe the loop's own row (group): an epilogue that reads the GroupNorm's result at
     another one (here transposed, H == C, so the shapes agree) would be normalized with the wrong statistics."""
-    from forge.recipes import cuda, cuda_nhwc
-    from forge.recipes.pointwise import NotMine
+    from forge.policy.recipes import cuda, cuda_nhwc
+    from forge.policy.recipes.pointwise import NotMine
 
     class Permuted(torch.nn.Module):
         def __init__(self) -> None:

@@ -10,15 +10,15 @@ from conftest import MODELS
 from llm_server import FakeLLM, Step
 
 from forge.cli import main
+from forge.evaluate.parent import Worker
 from forge.kernel import Status
-from forge.llm.cache import CallLog
-from forge.llm.parse import Malformed, extract_code, parse_answer
-from forge.llm.prices import Price, PriceTable
-from forge.llm.prompts import Prompt, measured, render, system_prompt
-from forge.llm.providers import AnthropicChat, LLMError, OpenAIChat, ProviderSpec, RetryConfig, retry_after
-from forge.llm.tune import knobs, variants
+from forge.policy.llm.cache import CallLog
+from forge.policy.llm.parse import Malformed, extract_code, parse_answer
+from forge.policy.llm.prices import Price, PriceTable
+from forge.policy.llm.prompts import Prompt, measured, render, system_prompt
+from forge.policy.llm.providers import AnthropicChat, LLMError, OpenAIChat, ProviderSpec, RetryConfig, retry_after
+from forge.policy.llm.tune import knobs, variants
 from forge.store import Store
-from forge.workers import Worker
 
 KERNELS = {p.stem: p.read_text() for p in (Path(__file__).parent / "llm").glob("*.cpp")}
 FAST = RetryConfig(attempts=5, base_s=0.01, timeout_s=0.5)

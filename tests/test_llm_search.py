@@ -16,13 +16,13 @@ from conftest import MODELS
 from llm_server import FakeLLM, Step
 
 from forge.bench import BenchConfig
+from forge.capture.model_input import load_file
+from forge.capture.profile import profile_model
 from forge.cli import main
-from forge.evaluate import Evaluator
-from forge.llm import LLMConfig, MixedPolicy, RetryConfig, make_llm_policy
-from forge.llm.prices import PriceTable
-from forge.model_input import load_file
-from forge.profile import profile_model
-from forge.search import Budget, search
+from forge.evaluate.evaluator import Evaluator
+from forge.policy.llm import LLMConfig, MixedPolicy, RetryConfig, make_llm_policy
+from forge.policy.llm.prices import PriceTable
+from forge.search.driver import Budget, search
 from forge.store import Store
 from forge.store.recorder import StoreRecorder
 
@@ -211,7 +211,7 @@ def test_max_usd_stops_the_search_cleanly(tasks, ev, tmp_path):
 def test_mixed_policy_seeds_with_recipes_and_tunes_llm_kernels(tasks, ev, tmp_path):
     """Driven by hand (propose, render, evaluate, observe) so the steps are deterministic; the search does the same."""
     from forge.kernel import TaskSpec
-    from forge.llm import Idea
+    from forge.policy.llm import Idea
 
     store = Store(tmp_path / "forge.db")
     spec = TaskSpec.of(tasks[0])

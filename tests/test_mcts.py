@@ -4,7 +4,7 @@ import math
 import random
 import statistics
 
-from forge.mcts import FAIL, MCTS, reward_of
+from forge.search.mcts import FAIL, MCTS, reward_of
 
 KNOBS, VALUES = 6, 4  # 4096 configurations
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import EXAMPLES, MODELS
 
+from forge.capture.model_input import load_file
 from forge.cli import main
 from forge.errors import UserError
-from forge.model_input import load_file
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

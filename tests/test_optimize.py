@@ -7,8 +7,8 @@ import torch
 from conftest import EXAMPLES
 
 import forge
+from forge.capture.model_input import load_file
 from forge.cli import main
-from forge.model_input import load_file
 from forge.store import Store
 
 
@@ -83,7 +83,7 @@ def test_optimize_on_the_gpu_generates_cuda_kernels_and_keeps_outputs(tmp_path, 
 @pytest.mark.cuda
 def test_a_cuda_graph_replays_the_patched_model_on_new_inputs():
     """forge.apply(cuda_graph=True): captured on the first call, replayed after, outputs cloned out."""
-    from forge.dispatch import apply
+    from forge.runtime.dispatch import apply
 
     loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py", "cuda", "bf16")
     opt = apply(loaded.model, loaded.inputs, [], cuda_graph=True)

@@ -7,15 +7,15 @@ import torch
 from conftest import MODELS
 from torch import nn
 
-from forge import layout
-from forge.build import build
-from forge.capture import capture
-from forge.evaluate import Evaluator
+from forge.capture import layout
+from forge.capture.export import capture
+from forge.capture.model_input import load_file
+from forge.evaluate.build import build
+from forge.evaluate.evaluator import Evaluator
 from forge.kernel import TaskSpec
-from forge.model_input import load_file
-from forge.recipes import cuda
-from forge.recipes.pointwise import NotMine
-from forge.tasks import build_tasks
+from forge.policy.recipes import cuda
+from forge.policy.recipes.pointwise import NotMine
+from forge.tasks.cut import build_tasks
 
 
 class Mixed(nn.Module):
@@ -124,8 +124,8 @@ def test_generated_cuda_kernels_pass_verification():
 def test_every_recipe_task_of_a_reference_model_gets_cuda_ideas(name, tmp_path):
     """Full-size shapes (captured on meta): the VAE's GroupNorms have rows of 4M elements, past what a
     block keeps on chip, so only the re-reading schedule applies there."""
-    from forge.model_input import load_zoo
-    from forge.policy import RecipePolicy
+    from forge.capture.model_input import load_zoo
+    from forge.policy.recipes.policy import RecipePolicy
 
     loaded = load_zoo(name, "meta", "bf16")
     policy = RecipePolicy("cuda")

@@ -4,12 +4,12 @@ import pytest
 import torch
 from conftest import EXAMPLES, lowerable
 
-from forge.capture import capture
-from forge.evaluate import Evaluator
+from forge.capture.export import capture
+from forge.capture.model_input import load_file
+from forge.evaluate.evaluator import Evaluator
 from forge.kernel import TaskSpec
-from forge.model_input import load_file
-from forge.recipes.pointwise import Knobs, NotMine, candidate, lower
-from forge.tasks import build_tasks
+from forge.policy.recipes.pointwise import Knobs, NotMine, candidate, lower
+from forge.tasks.cut import build_tasks
 
 
 class Mixed(torch.nn.Module):
@@ -73,8 +73,8 @@ def test_not_mine_says_why():
 
 def test_clamps_and_relu_keep_nan_as_torch_does():
     """torch's relu, clamp and hardtanh return NaN for NaN; a `a > b ? a : b` max returned the bound."""
-    from forge.build import build
-    from forge.dispatch import GuardedKernel, KernelArtifact
+    from forge.evaluate.build import build
+    from forge.runtime.dispatch import GuardedKernel, KernelArtifact
 
     class Clamps(torch.nn.Module):
         def forward(self, x):

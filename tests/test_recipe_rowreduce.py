@@ -4,13 +4,13 @@ import pytest
 import torch
 from conftest import EXAMPLES, MODELS, lowerable
 
-from forge.capture import capture
-from forge.evaluate import Evaluator
+from forge.capture.export import capture
+from forge.capture.model_input import load_file
+from forge.evaluate.evaluator import Evaluator
 from forge.kernel import TaskSpec
-from forge.model_input import load_file
-from forge.recipes import rowreduce
-from forge.recipes.pointwise import NotMine
-from forge.tasks import build_tasks
+from forge.policy.recipes import rowreduce
+from forge.policy.recipes.pointwise import NotMine
+from forge.tasks.cut import build_tasks
 
 
 class Reductions(torch.nn.Module):

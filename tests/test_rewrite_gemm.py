@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-import forge.rewrite_gemm as rg
-from forge.dispatch import apply
-from forge.rewrites import rewrite
+import forge.runtime.rewrite_gemm as rg
+from forge.runtime.dispatch import apply
+from forge.runtime.rewrites import rewrite
 
 aten = torch.ops.aten
 F = torch.nn.functional

@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from forge.dispatch import apply
-from forge.rewrite_base import Graph, Rewrite, is_op
-from forge.rewrites import REWRITES, parse, rewrite
-from forge.variants import RUNTIMES, Variant, choose, measure
+from forge.runtime.dispatch import apply
+from forge.runtime.rewrite_base import Graph, Rewrite, is_op
+from forge.runtime.rewrites import REWRITES, parse, rewrite
+from forge.runtime.variants import RUNTIMES, Variant, choose, measure
 
 aten = torch.ops.aten
 
@@ -146,7 +146,7 @@ def test_cudnn_epilogue_finds_conv_relu_and_conv_add_relu_and_its_fake_gives_the
     model = ConvNet().eval()
     x = torch.randn(2, 3, 7, 13)
     opt = apply(model, [x], [])
-    sites = REWRITES["cudnn-epilogue"].apply(__import__("forge.rewrites", fromlist=["Graph"]).Graph(
+    sites = REWRITES["cudnn-epilogue"].apply(__import__("forge.runtime.rewrites", fromlist=["Graph"]).Graph(
         opt.gm, opt._template, opt._user_slots))
     assert sites == 0  # BatchNorm sits between convolution and ReLU until it is folded
     opt, sites = _rewritten(model, [x], ("fold-bn", "cudnn-epilogue"), device="cuda")
@@ -191,7 +191,7 @@ def test_variant_round_trips_and_rejects_an_unknown_runtime():
 
 
 def test_inductor_with_nothing_of_forges_compiles_the_model_itself():
-    from forge.variants import build
+    from forge.runtime.variants import build
 
     torch.manual_seed(6)
     model = Projections().eval()
@@ -230,7 +230,7 @@ def test_a_variant_that_cannot_run_is_a_result_not_a_crash():
 def test_an_artifact_with_a_variant_loads_as_that_variant(tmp_path):
     """forge.load rebuilds the manifest's variant: its rewrites applied, its runtime used."""
     import forge
-    from forge import artifact
+    from forge.runtime import artifact
 
     torch.manual_seed(6)
     model = ConvNet().eval()
@@ -252,7 +252,7 @@ def test_an_artifact_with_a_variant_loads_as_that_variant(tmp_path):
 def test_a_rewrite_that_pays_only_compiled_is_judged_compiled_first(monkeypatch):
     """attention-gemm not kept on the graph runtime (here: nothing is kept) is still compiled with the chain's
     end, before the chain's end alone, and the result is the fastest of all measured."""
-    import forge.variants as variants
+    import forge.runtime.variants as variants
 
     class Wide(nn.Module):
         def forward(self, q, k, v):

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from forge.capture import TensorMeta
+from forge.capture.export import TensorMeta
 from forge.kernel import Candidate, EvalResult, Status, TaskSpec, Timing
-from forge.policy import Policy
-from forge.search import Budget, search
+from forge.policy.base import Policy
+from forge.search.driver import Budget, search
 from forge.store import Store
 from forge.store.recorder import StoreRecorder
-from forge.tasks import Task
+from forge.tasks.cut import Task
 
 SOURCE = '#include "forge_abi.h"\nextern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, ' \
          'int n_out) { return 0; }\n'

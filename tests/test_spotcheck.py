@@ -1,13 +1,13 @@
-"""forge.spotcheck with the real clock: inputs perturbed every round, kept calls only from timed rounds,
-copied out as the worker copies them into the arena and judged by forge.judge."""
+"""forge.evaluate.spotcheck with the real clock: inputs perturbed every round, kept calls only from timed rounds,
+copied out as the worker copies them into the arena and judged by forge.evaluate.judge."""
 
 import torch
 
 from forge.bench import BenchConfig, Clock, interleaved
-from forge.capture import TensorMeta
-from forge.judge import judge_kept
+from forge.capture.export import TensorMeta
+from forge.evaluate.judge import judge_kept
+from forge.evaluate.verify import Reference
 from forge.kernel import TaskSpec
-from forge.verify import Reference
 
 SOURCE = '''
 import torch
@@ -20,7 +20,7 @@ def region(in0: "f32[64, 33]"):
 
 
 def test_kept_calls_come_from_timed_rounds_and_wrong_ones_are_judged():
-    from forge.spotcheck import SpotCheck
+    from forge.evaluate.spotcheck import SpotCheck
 
     x = torch.randn(64, 33)
     first = x.clone()
@@ -50,7 +50,7 @@ def test_kept_calls_come_from_timed_rounds_and_wrong_ones_are_judged():
 
 
 def test_a_right_kernel_passes_the_spot_checks():
-    from forge.spotcheck import SpotCheck
+    from forge.evaluate.spotcheck import SpotCheck
 
     x = torch.randn(64, 33)
     spot = SpotCheck([x], (TensorMeta.of(x),), 10, "cpu")

@@ -6,12 +6,12 @@ import pytest
 import torch
 from conftest import EXAMPLES, MODELS
 
-from forge.capture import TensorMeta, capture
-from forge.model_input import load_file
-from forge.ops import FAMILIES
-from forge.profile import Profile, profile_model
-from forge.regions import cut, is_noop
-from forge.tasks import Task, build_tasks, render
+from forge.capture.export import TensorMeta, capture
+from forge.capture.model_input import load_file
+from forge.capture.profile import Profile, profile_model
+from forge.tasks.cut import Task, build_tasks, render
+from forge.tasks.ops import FAMILIES
+from forge.tasks.regions import cut, is_noop
 
 ALL_FILES = [EXAMPLES / "groupnorm_silu_conv.py", EXAMPLES / "rmsnorm_swiglu.py",
              EXAMPLES / "masked_softmax_attention.py", MODELS / "stacked_blocks.py"]

@@ -1,4 +1,4 @@
-"""forge.zoo: shipped configs, full-size meta builds, small CPU builds, export parity and option errors."""
+"""forge.capture.zoo: shipped configs, full-size meta builds, small CPU builds, export parity and option errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from forge import zoo
+from forge.capture import zoo
 
 pytest.importorskip("torchvision")
 pytest.importorskip("diffusers")
@@ -71,7 +71,7 @@ SLOW_META_EXPORT = {"sd35-mmdit", "gemma4", "qwen35"}  # 10 s to a few minutes e
 
 
 def capture(model: torch.nn.Module, inputs: list[torch.Tensor]) -> torch.export.ExportedProgram:
-    """What forge.capture does: non-strict export, then core ATen with attention kept whole."""
+    """What forge.capture.export does: non-strict export, then core ATen with attention kept whole."""
     table = torch.export.default_decompositions()
     table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
     with torch.no_grad():

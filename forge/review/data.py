@@ -1,6 +1,6 @@
 """The review's view of a run, gathered from the store: summaries, task trees, nodes, op-family times.
 
-Speedups follow the search's convention (forge/search.py): a task's eager time is the smallest baseline
+Speedups follow the search's convention (forge/search/driver.py): a task's eager time is the smallest baseline
 median measured alongside its candidates, its best time the smallest median of a passing candidate, and
 its speedup eager over best; a task counts as improved (and its kernel is shipped) when that is at least
 `IMPROVED`. A node's own speedup is its evaluation's baseline over its median (both timed interleaved, so load on
@@ -207,7 +207,7 @@ def task_view(store: Store, task: TaskRecord) -> TaskView:
         depth[c.id] = depth[c.parent_id] + 1 if c.parent_id in depth else 0
     done = sorted((e for e in evals.values() if e is not None), key=lambda e: e.id)  # in evaluation order
     paired = [e.baseline_us_median for e in done if e.baseline_us_median]
-    eager = statistics.median(paired) if paired else None  # as the search counts it (forge.search)
+    eager = statistics.median(paired) if paired else None  # as the search counts it (forge.search.driver)
     best: float | None = None
     best_id = None
     curve: list[float | None] = []  # the highest own speedup so far (each against eager timed alongside it)

@@ -1,4 +1,4 @@
-"""The run store as the search's Recorder (forge.recorder), and the rows of an evaluation result."""
+"""The run store as the search's Recorder (forge.search.recorder), and the rows of an evaluation result."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from forge.kernel import Candidate, EvalResult, Status, Timing
-from forge.recorder import NodeRow, Recorder, TaskRow
+from forge.search.recorder import NodeRow, Recorder, TaskRow
 
 from .core import Store
 from .records import EvaluationRecord, TaskRecord
 
 if TYPE_CHECKING:
-    from forge.tasks import Task
+    from forge.tasks.cut import Task
 
 
 def evaluation_fields(res: EvalResult) -> dict[str, object]:

@@ -1,0 +1,252 @@
+"""Memory shared by the judge (forge's own process) and a worker: where inputs go in and outputs come out.
+
+The judge never runs candidate code and the worker never sees the reference, so a candidate's outputs must
+travel from one process to the other without a copy the worker could make up: the judge allocates every
+buffer a call reads or writes in an arena both processes map, fills the inputs, poisons the outputs, and
+reads them back in place once the worker says the call returned.
+- CPU: one memfd per worker, created by the judge and inherited by the worker at start (no file to open:
+  the worker's seccomp filter kills opens for writing); the judge sizes it with ftruncate (a call the
+  worker may not make); the worker maps it once per generation (a new one whenever the judge resizes it).
+- CUDA: one device buffer, allocated by the judge in a memory pool of its own (IPC shares a whole
+  segment: it must hold nothing else of the judge's), opened in the worker by CUDA IPC
+  (`torch.multiprocessing.reductions`, a handle sent over the pipe) once per generation; the worker
+  synchronises the device before it answers.
+A `Slot` is a place in the arena: an offset and the tensor's shape, stride and dtype. Messages carry
+slots and an `ArenaRef`, never tensors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import mmap
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from forge.capture.export import TensorMeta
+
+_ALIGN = 256  # bytes: what a vector load or a CUDA allocation would give
+_PROT_READ, _PROT_WRITE = 1, 2
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A tensor at `offset` bytes into the arena."""
+
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+
+    @property
+    def span_bytes(self) -> int:
+        """Bytes from the first element to one past the last (what as_strided reaches)."""
+        if any(s == 0 for s in self.shape):
+            return 0
+        span = 1 + sum((s - 1) * st for s, st in zip(self.shape, self.stride, strict=True))
+        return span * getattr(torch, self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class ArenaRef:
+    """How a worker reaches this step's arena: the memfd it inherited (CPU) or a CUDA IPC handle."""
+
+    size: int
+    generation: int  # new whenever the judge reallocates or resizes the arena: the worker maps it again
+    fd: int = -1
+    cuda: tuple[Any, ...] | None = None  # torch.multiprocessing.reductions.reduce_tensor's arguments
+
+
+def _view(base: torch.Tensor, slot: Slot) -> torch.Tensor:
+    dtype = getattr(torch, slot.dtype)
+    nbytes = slot.span_bytes
+    raw = base[slot.offset:slot.offset + nbytes]
+    if dtype == torch.bool:
+        flat = raw.view(torch.bool)
+    else:
+        flat = raw.view(dtype) if nbytes else torch.empty(0, dtype=dtype, device=base.device)
+    return flat.as_strided(slot.shape, slot.stride)
+
+
+class Arena:
+    """The judge's side: allocates slots for one step at a time and shares them with the worker."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.device = device
+        self.fd = -1 if self.cuda else _sealed_memfd()
+        self.memfds = 1  # memfds made so far: a new one (after a shrink) needs a new worker to inherit it
+        self._size = 0
+        self._map: mmap.mmap | None = None
+        self._base: torch.Tensor | None = None
+        self._slots: list[Slot] = []
+        self._used = secrets.randbelow(256) * _ALIGN
+        self._generation = 0
+        self._cuda_args: tuple[Any, ...] | None = None
+        self._pool: Any = None  # CUDA: the arena's own torch.cuda.MemPool
+
+    def plan(self, metas: Sequence[TensorMeta | tuple[tuple[int, ...], tuple[int, ...], str]]) -> list[Slot]:
+        """Slots for these tensors (metas, or (shape, stride, dtype)) after those already planned this step."""
+        slots = []
+        for m in metas:
+            shape, stride, dtype = (m.shape, m.stride, m.dtype) if isinstance(m, TensorMeta) else m
+            slot = Slot(self._used, tuple(shape), tuple(stride), dtype)
+            self._used += -(-slot.span_bytes // _ALIGN) * _ALIGN
+            slots.append(slot)
+        self._slots += slots
+        return slots
+
+    @property
+    def size(self) -> int:
+        """Bytes planned this step."""
+        return self._used
+
+    def page(self) -> None:
+        """Start what is planned next on a fresh page (inputs made read-only share no page with outputs), at
+        a random offset into it and the next 15 (so that outputs, too, move from step to step)."""
+        self._used = -(-self._used // mmap.PAGESIZE) * mmap.PAGESIZE + secrets.randbelow(256) * _ALIGN
+
+    def flat(self, numel: int, dtype: torch.dtype) -> Slot:
+        """A slot for a 1-D buffer of `numel` elements."""
+        return self.plan([((numel,), (1,), str(dtype).removeprefix("torch."))])[0]
+
+    def open(self) -> ArenaRef:
+        """Make room for everything planned and share it (bytes from earlier steps are left as they were: every
+        step fills what it reads); call `view` after."""
+        size = max(self._used, _ALIGN)
+        if size > self._size or self._base is None:  # grown by half again: few reallocations
+            self._generation += 1
+            size = max(size, self._size * 3 // 2)
+            self._close_map()
+            if self.cuda:
+                from torch.multiprocessing.reductions import reduce_tensor
+
+                # A pool of its own whose blocks are never split: CUDA IPC shares the whole segment a block
+                # lies in, so the segment must hold nothing of the judge's (its references, its copies).
+                if self._pool is None:
+                    self._pool = torch.cuda.MemPool(no_split=True)
+                index = torch.device(self.device).index  # use_mem_pool wants an index, not "cuda"
+                index = torch.cuda.current_device() if index is None else index
+                with torch.cuda.use_mem_pool(self._pool, device=index):
+                    self._base = torch.empty(size, dtype=torch.uint8, device=self.device)
+                self._cuda_args = tuple(reduce_tensor(self._base)[1])
+            else:
+                os.ftruncate(self.fd, size)
+                self._map = mmap.mmap(self.fd, size)
+                self._base = torch.frombuffer(self._map, dtype=torch.uint8)
+            self._size = size
+        return ArenaRef(self._size, self._generation, fd=self.fd, cuda=self._cuda_args)
+
+    @property
+    def data_ptr(self) -> int:
+        """The address of the arena's first byte in this process (after `open`)."""
+        assert self._base is not None, "open the arena first"
+        return self._base.data_ptr()
+
+    def view(self, slot: Slot) -> torch.Tensor:
+        """The tensor at a slot (after `open`)."""
+        assert self._base is not None, "open the arena first"
+        return _view(self._base, slot)
+
+    def reset(self) -> None:
+        """Forget this step's slots; the next step plans from a random offset (up to 64 KiB), so that a
+        candidate cannot tell one step's buffers from another's by their addresses."""
+        self._slots, self._used = [], secrets.randbelow(256) * _ALIGN
+
+    def _close_map(self) -> None:
+        self._base, self._cuda_args = None, None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a tensor still views it: it goes when that tensor does
+                pass
+            self._map = None
+
+    def shrink(self, keep_bytes: int = 1 << 30) -> None:
+        """Give the arena's memory back when it grew past `keep_bytes` (between requests); the next `open`
+        allocates a new one (a CUDA arena's memory goes once the worker maps the new one)."""
+        if self._size > keep_bytes:
+            self._close_map()
+            if not self.cuda:  # sealed against shrinking: a new memfd, which a new worker inherits (the old
+                os.close(self.fd)  # one's pages go with the last process that maps it)
+                self.fd = _sealed_memfd()
+                self.memfds += 1
+            self._size = 0
+
+    def close(self) -> None:
+        """Release the arena."""
+        self._close_map()
+        self._base = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _sealed_memfd() -> int:
+    """A memfd that cannot shrink, and takes no further seals: a worker that truncated the arena under forge's
+    mapping would make forge's next access to it a SIGBUS, and one that sealed it against growing would stop
+    the judge's next resize."""
+    fd = os.memfd_create("forge-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+class Mapped:
+    """The worker's side of the arena: tensors at slots. The mapping is kept across steps until the judge
+    reallocates the arena (a new generation), so a step costs no mapping and no CUDA IPC open."""
+
+    _current: tuple[int, Any, torch.Tensor] | None = None  # (generation, mmap or None, base) of this process
+
+    def __init__(self, ref: ArenaRef) -> None:
+        if Mapped._current is None or Mapped._current[0] != ref.generation:
+            Mapped._current = None  # the old mapping goes with its last view (an mmap unmaps when freed)
+            Mapped._current = (ref.generation, *_map(ref))
+        self.base = Mapped._current[2]
+
+    def view(self, slot: Slot) -> torch.Tensor:
+        """The tensor at a slot."""
+        return _view(self.base, slot)
+
+    def views(self, slots: Sequence[Slot]) -> list[torch.Tensor]:
+        """The tensors at these slots."""
+        return [_view(self.base, s) for s in slots]
+
+    def protect(self, slots: Sequence[Slot], writable: bool) -> bool:
+        """Make the pages holding these slots read-only (or writable again); False where it cannot (CUDA)."""
+        slots = [s for s in slots if s.span_bytes]
+        if self.base.is_cuda or not slots:
+            return False
+        lo = min(s.offset for s in slots) // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = -(-max(s.offset + s.span_bytes for s in slots) // mmap.PAGESIZE) * mmap.PAGESIZE
+        prot = _PROT_READ | (_PROT_WRITE if writable else 0)
+        if hi > lo and _libc().mprotect(ctypes.c_void_p(self.base.data_ptr() + lo), ctypes.c_size_t(hi - lo),
+                                        ctypes.c_int(prot)) != 0:
+            raise OSError(ctypes.get_errno(), "mprotect failed")
+        return True
+
+    def close(self) -> None:
+        """End of the step (the mapping stays for the next)."""
+        del self.base
+
+
+def _map(ref: ArenaRef) -> tuple[mmap.mmap | None, torch.Tensor]:
+    if ref.cuda is not None:
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+        args = list(ref.cuda)
+        args[6] = 0  # the storage's device: the worker sees its one GPU as device 0
+        return None, rebuild_cuda_tensor(*args)
+    # populated at once: the page faults are not charged to the first call of the candidate
+    m = mmap.mmap(ref.fd, ref.size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+    return m, torch.frombuffer(m, dtype=torch.uint8)

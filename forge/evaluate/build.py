@@ -1,0 +1,193 @@
+"""Build: candidate source -> shared library (cpu: g++, cuda: nvcc), cached by content key.
+
+Builds are compiler processes run in parallel from a thread pool (one per CPU core), each with a time
+limit and a scrubbed environment. The cache key covers the source, entry, flags, compiler version,
+target architecture and the ABI header, so a hit is always the same binary; each build records the
+SHA-256 of its file (`kernel.sha256`), checked on every hit: a cached file that changed since it was built
+(another process wrote over it) or has no record is built again. Triton candidates are compiled by Triton
+inside the worker on first launch; their "build" only stores the module file.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from forge.backends import BACKENDS
+from forge.evaluate.sandbox import scrubbed_env
+from forge.kernel import ABI_DIR, Candidate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """A built candidate: the library (or module) path, or the compiler's log on failure."""
+
+    ok: bool
+    path: str
+    log: str
+    seconds: float
+    cached: bool
+    key: str
+
+
+def default_cache_dir() -> Path:
+    """`$FORGE_CACHE`, else `$XDG_CACHE_HOME/forge`, else `~/.cache/forge`."""
+    if os.environ.get("FORGE_CACHE"):
+        return Path(os.environ["FORGE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "forge"
+
+
+@functools.cache
+def compiler(backend: str) -> tuple[str, str]:
+    """(path, version line) of the backend's compiler; raises FileNotFoundError when missing."""
+    b = BACKENDS[backend]
+    name = os.environ.get("CXX", b.compiler) if b.compiler == "g++" else b.compiler
+    path = shutil.which(name)
+    if path is None and name == "nvcc" and Path("/usr/local/cuda/bin/nvcc").exists():
+        path = "/usr/local/cuda/bin/nvcc"
+    if path is None:
+        raise FileNotFoundError(f"no {name} found for the {backend} backend")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    return path, (lines[-1] if name == "nvcc" else lines[0]) if lines else "unknown"  # nvcc's last line names it
+
+
+def arch_flags(arch: str) -> list[str]:
+    """nvcc flags for an architecture like "sm_90": Hopper gets sm_90a (wgmma, TMA)."""
+    if arch in ("sm_90", "sm_90a"):
+        return ["-gencode", "arch=compute_90a,code=sm_90a"]
+    return [f"-arch={arch}"]
+
+
+_STEPS = "compile, then link without the candidate's flags"  # in the key: a change of steps is a new build
+
+
+def commands(candidate: Candidate, src: Path, out: Path, arch: str | None) -> list[list[str]]:
+    """The compiler command lines for a candidate, run in order. On the CPU the library is compiled to an
+    object with the candidate's flags and linked without them: linking with -ffast-math would add GCC's
+    crtfastmath constructor, which sets flush-to-zero for the whole process that loads the library (the
+    user's, at dispatch)."""
+    path, _ = compiler(candidate.backend)
+    if BACKENDS[candidate.backend].device == "cpu":
+        obj = out.with_suffix(".o")
+        return [[path, "-x", "c++", "-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-c",
+                 f"-I{ABI_DIR}", *candidate.flags, "-o", str(obj), str(src)],
+                [path, "-shared", "-fopenmp", "-o", str(out), str(obj)]]
+    return [[path, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+             *arch_flags(arch or "sm_90"), f"-I{ABI_DIR}", *candidate.flags, "-o", str(out), str(src)]]
+
+
+def build_key(candidate: Candidate, arch: str | None) -> str:
+    """Content key of a build: source, entry, flags, compiler version, architecture, ABI header."""
+    h = hashlib.sha256(candidate.digest.encode())
+    if BACKENDS[candidate.backend].native:
+        h.update(compiler(candidate.backend)[1].encode())
+        h.update(str(arch).encode())
+        h.update(_STEPS.encode())
+    h.update((ABI_DIR / "forge_abi.h").read_bytes())
+    return h.hexdigest()[:24]
+
+
+def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None = None,
+          timeout_s: float = 180.0) -> BuildResult:
+    """Build one candidate (or find it in the cache). Failures are values, never exceptions."""
+    start = time.perf_counter()
+    cache_dir = cache_dir or default_cache_dir()
+    try:
+        key = build_key(candidate, arch)
+    except (FileNotFoundError, subprocess.SubprocessError) as e:
+        return BuildResult(False, "", f"toolchain unavailable: {e}", 0.0, False, "")
+    folder = cache_dir / "builds" / key
+    b = BACKENDS[candidate.backend]
+    suffix, target = b.suffix, folder / b.artifact
+    if target.exists():
+        if _read(folder / "kernel.sha256").strip() == file_sha256(target):
+            return BuildResult(True, str(target), _read(folder / "build.log"), time.perf_counter() - start,
+                               True, key)
+        log.warning("cached build %s changed since it was built (or has no hash): building it again", key)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"tmp-{os.getpid()}-{time.monotonic_ns()}"
+    tmp.mkdir()
+    try:
+        src = tmp / f"kernel{suffix}"
+        src.write_text(candidate.source)
+        if not b.native:  # a Python module: nothing to compile
+            (tmp / "build.log").write_text("")
+            _record(src, folder)
+            os.replace(src, target)
+            return BuildResult(True, str(target), "", time.perf_counter() - start, False, key)
+        out = tmp / b.artifact
+        text, ok = "", True
+        for cmd in commands(candidate, src, out, arch):
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tmp,
+                                      env=scrubbed_env(), stdin=subprocess.DEVNULL)
+                text += f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+                ok = proc.returncode == 0
+            except subprocess.TimeoutExpired:
+                text, ok = text + f"$ {' '.join(cmd)}\ncompiler timed out after {timeout_s:.0f} s", False
+            if not ok:
+                break
+        ok = ok and out.exists()
+        if ok:
+            (tmp / "build.log").write_text(text)
+            os.replace(tmp / "build.log", folder / "build.log")
+            _record(out, folder)
+            os.replace(out, target)  # atomic: a concurrent build of the same key is harmless
+        return BuildResult(ok, str(target) if ok else "", text, time.perf_counter() - start, False, key)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, in hex (read in blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _record(built: Path, folder: Path) -> None:
+    """Write the SHA-256 of a finished build next to where it goes (atomically, before the file itself)."""
+    tmp = built.with_suffix(".sha256")
+    tmp.write_text(file_sha256(built) + "\n")
+    os.replace(tmp, folder / "kernel.sha256")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+class BuildPool:
+    """Builds candidates in parallel, one compiler process per CPU core at most."""
+
+    def __init__(self, workers: int | None = None, arch: str | None = None,
+                 cache_dir: Path | None = None) -> None:
+        self.arch = arch
+        self.cache_dir = cache_dir
+        self.workers = workers or os.cpu_count() or 1
+        self.pool = cf.ThreadPoolExecutor(max_workers=self.workers,
+                                          thread_name_prefix="forge-build")
+
+    def submit(self, candidate: Candidate) -> cf.Future[BuildResult]:
+        """Start a build; the future's result is a BuildResult."""
+        return self.pool.submit(build, candidate, self.arch, self.cache_dir)
+
+    def close(self) -> None:
+        """Wait for running builds and stop the threads."""
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,160 @@
+"""The worker process: loads a built candidate and runs it on what the judge gives it, one step at a time.
+
+Started by forge.evaluate.parent.Worker as `python -m forge.evaluate.child FD_IN FD_OUT DEVICE [confine]`, with
+an environment by allowlist, in a temporary directory, with its stdout/stderr in a log file. Messages are
+frozen dataclasses sent over a pipe (never tensors): tensors live in the arena the judge shares
+(forge.evaluate.arena). Anything the candidate does that kills the process (segfault, abort, illegal address) or
+hangs it is handled by the parent.
+
+Important: this is the only process that runs candidate code, and it holds nothing that decides the
+verdict: it never sees the reference in higher precision, computes no error and judges nothing
+(forge.evaluate.judge, in forge's own process, does). It runs the task's eager code only as the baseline it times
+the candidate against, and the judge checks both times against its own clock. A CPU worker confines itself
+with a seccomp filter before its first message (forge.evaluate.confine).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from forge.bench import Clock, interleaved
+from forge.evaluate.arena import Mapped
+from forge.evaluate.confine import available as confine_available
+from forge.evaluate.confine import confine
+from forge.evaluate.launch import ForbiddenTorch, Launcher, LaunchError, call_on
+from forge.evaluate.spotcheck import SpotCheck
+from forge.evaluate.steps import Call, Load, Reply, Time
+from forge.kernel import Status
+from forge.tasks.cut import compile_source
+
+
+class _State:
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.clock: Clock | None = None
+        self.launcher: Launcher | None = None
+        self.load: Load | None = None
+        self.eager: Callable[..., Any] | None = None
+
+    def sync(self) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+
+def _is_cuda_fault(e: BaseException) -> bool:
+    text = str(e)
+    return any(s in text for s in ("illegal memory access", "CUDA error", "misaligned address",
+                                   "unspecified launch failure", "illegal instruction", "device-side assert"))
+
+
+def _load(msg: Load, st: _State) -> Reply:
+    st.launcher, st.load, st.eager = None, msg, None
+    try:
+        st.eager = compile_source(msg.task.source)
+    except Exception as e:
+        return Reply(Status.REFERENCE_ERROR, f"{type(e).__name__}: {e}")
+    st.launcher = Launcher(msg.backend, msg.path, msg.entry)
+    return Reply()
+
+
+def _call(msg: Call, st: _State) -> Reply:
+    assert st.launcher is not None, "Load first"
+    mapped = Mapped(msg.arena)
+    try:
+        call = st.launcher.bind(mapped.views(msg.inputs), mapped.views(msg.outputs), guard=msg.guard)
+        protected = msg.readonly and mapped.protect(msg.inputs, writable=False)
+        try:
+            call()
+            st.sync()
+        finally:
+            if protected:
+                mapped.protect(msg.inputs, writable=True)
+    finally:
+        mapped.close()
+    return Reply()
+
+
+def _time(msg: Time, st: _State) -> Reply:
+    assert st.launcher is not None and st.load is not None and st.eager is not None, "Load first"
+    task, eager = st.load.task, st.eager
+    mapped = Mapped(msg.arena)
+    try:
+        inputs = mapped.views(msg.inputs)
+        # Every timed call into fresh outputs (a fair clock, as eager and the dispatcher have), on inputs
+        # perturbed before each round; random calls kept for the judge (forge.evaluate.spotcheck).
+        spot = SpotCheck(inputs, task.outputs, msg.batch or msg.bench.min_runs, st.device)
+        spot.limit = min(spot.limit, len(msg.kept))
+        cand = spot.wrap(call_on(st.launcher, task.inputs, task.outputs))
+        timing = baseline = None
+        with torch.no_grad():
+            if msg.batch:
+                for _ in range(msg.batch):
+                    spot.prepare(True)
+                    cand()
+                st.sync()
+            else:
+                if st.clock is None:
+                    st.clock = Clock(st.device)
+                timing, baseline = interleaved(st.clock, [cand, lambda: eager(*inputs)], msg.bench, spot.prepare)
+        kept = spot.store([(mapped.views(i), mapped.views(o)) for i, o in msg.kept])
+        st.sync()
+        return Reply(timing=timing, baseline=baseline, kept=kept)
+    finally:
+        mapped.close()
+
+
+_STEPS: dict[type, Callable[[Any, _State], Reply]] = {Load: _load, Call: _call, Time: _time}
+
+
+def handle(msg: Load | Call | Time, st: _State) -> Reply:
+    """One step -> its reply; failures are replies with their status."""
+    try:
+        return _STEPS[type(msg)](msg, st)
+    except ForbiddenTorch as e:
+        return Reply(Status.FORBIDDEN_TORCH, str(e))
+    except LaunchError as e:
+        return Reply(Status.LAUNCH_ERROR, str(e))
+    except (torch.OutOfMemoryError, MemoryError) as e:
+        return Reply(Status.OUT_OF_MEMORY, f"{type(e).__name__}: {str(e)[:300]}")
+    except Exception as e:
+        if st.device.startswith("cuda") and _is_cuda_fault(e):
+            return Reply(Status.CRASH, f"CUDA fault: {str(e).strip().splitlines()[0]}", fatal=True)
+        return Reply(Status.LAUNCH_ERROR, f"{type(e).__name__}: {str(e)[:500]}")
+
+
+def main(argv: list[str]) -> int:
+    """Serve steps until the parent closes the pipe. argv: FD_IN FD_OUT DEVICE [confine]: with `confine`,
+    the worker installs forge.evaluate.confine's seccomp filter on itself before the first step, once everything
+    it needs is imported and initialised, and tells the parent whether it could ("ready", reason or "")."""
+    fd_in, fd_out, device = int(argv[0]), int(argv[1]), argv[2]
+    conn_in, conn_out = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
+    if device.startswith("cuda"):
+        torch.cuda.init()
+    st = _State(device)
+    unconfined = ""
+    if argv[3:] == ["confine"]:
+        unconfined = confine_available()
+        if not unconfined:
+            torch.empty(1, device=device).add_(1)  # the allocator and the thread pool before the filter
+            confine()
+    conn_out.send(("ready", unconfined))
+    while True:
+        try:
+            msg = conn_in.recv()
+        except EOFError:
+            return 0
+        start = time.perf_counter()
+        reply = handle(msg, st)
+        conn_out.send((reply, time.perf_counter() - start))
+        if reply.fatal:
+            return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

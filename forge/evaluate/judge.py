@@ -1,0 +1,384 @@
+"""The judge: verification, timing checks and the verdict, in forge's process, out of the candidate's reach.
+
+A candidate runs only in a worker (forge.evaluate.child); the judge sends it steps and reads what they wrote in the
+arena both map (forge.evaluate.arena). Everything that decides the verdict stays here: the inputs the reference
+reads and the copies inputs are compared with, the reference in higher precision, the error, the roofline
+floor's bandwidth, and a clock the candidate cannot reach. One evaluation:
+1. `Load`, then verification on the SETS from the request's seed (forge.evaluate.verify);
+2. called twice on the same buffers, poisoned in between: work skipped on a repeated call;
+3. `Time`: the worker times candidate and eager interleaved with its clock, inputs perturbed every round,
+   random timed calls kept; the judge compares the kept calls with the reference;
+4. the cross-check of the worker's clock: batches of rounds, perturbed and kept like the timed ones, timed
+   here by the wall clock around each step; the least disturbed must not take longer a round than the
+   claimed candidate time allows (RATIO times it and the rounds' own overhead measured here, plus
+   SLACK_US); on a disagreement the candidate is timed and checked again, a second is `forbidden_timer`.
+   A claimed eager time over EAGER_RATIO times eager's as timed here (plus
+   SLACK_US) is replaced by this process's measurement;
+5. verification again on the SETS from a secret seed, outputs pre-filled with finite values and watched
+   for a moment after each call; then the roofline floor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from forge.bench import BenchConfig, Clock, interleaved, measure_bandwidth
+from forge.capture.export import TensorMeta, empty_output, output_view
+from forge.evaluate.arena import Arena, Slot
+from forge.evaluate.spotcheck import SpotCheck, kept_limit
+from forge.evaluate.steps import Call, EvalRequest, Load, Reply, Time
+from forge.evaluate.verify import (
+    Reference,
+    Target,
+    Verdict,
+    fill,
+    generator,
+    judged,
+    make_flat,
+    make_input,
+    nonfinite,
+    verify,
+    within_tolerance,
+)
+from forge.kernel import EvalResult, Status, TaskSpec, Timing
+
+if TYPE_CHECKING:
+    from forge.evaluate.parent import Worker
+
+RATIO = 3.0  # how far the judge's clock may exceed the worker's before the times are called made up (2 was
+# exceeded honestly with two test suites sharing two cores: a call's time is heavy-tailed there)
+EAGER_RATIO = 2.0  # how far the worker's eager may exceed the judge's before the judge's is used
+SLACK_US = 50.0  # per round, on top: launch and loop costs the judge cannot see
+BATCH_S = 0.02  # claimed time of the cross-check's batches, together
+SPLIT = 4  # batches: the least disturbed one counts
+ALLOWANCE_S = 0.002  # the step's own round trip (pipe, mapping the arena)
+_SYSTEM = random.SystemRandom()
+log = logging.getLogger(__name__)
+
+
+class Rejected(Exception):  # noqa: N818 - a verdict, not an error
+    """A step that ended the evaluation: the result says how (timeout, crash, the candidate's status)."""
+
+    def __init__(self, result: EvalResult) -> None:
+        super().__init__(result.message)
+        self.result = result
+
+
+@dataclass
+class _Here:
+    """What the judge measured itself, per device and per task: not redone for every candidate."""
+
+    clocks: dict[str, Clock]
+    bandwidth: dict[str, float]
+    tasks: dict[tuple[str, str], tuple[Timing, float]]  # (device, task) -> (eager's timing, round overhead us)
+
+
+_HERE = _Here({}, {}, {})
+
+
+class Remote(Target):
+    """The worker as the judge's target: steps over the pipe, tensors in the arena."""
+
+    def __init__(self, worker: Worker, device: str, deadline: float) -> None:
+        self.worker, self.device, self.deadline = worker, device, deadline
+        self.arena: Arena = worker.arena
+        self.cuda = device.startswith("cuda")
+        self.loaded: Load | None = None
+
+    def step(self, msg: object) -> tuple[Reply, float]:
+        """Send one step; its reply and the judge's wall seconds for it. Raises Rejected on a failure."""
+        if isinstance(msg, Load):
+            self.loaded = msg
+        self.sync()
+        start = time.perf_counter()
+        reply = self.worker.exchange(msg, max(self.deadline - start, 1.0))
+        wall = time.perf_counter() - start
+        if isinstance(reply, EvalResult):  # the worker timed out or died
+            raise Rejected(reply)
+        if reply.status is not Status.OK:
+            raise Rejected(EvalResult(reply.status, reply.message, device=self.device))
+        return reply, wall
+
+    def place(self, inputs: Sequence[TensorMeta], buffers: Sequence[tuple[int, torch.dtype]]
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        a = self.arena
+        a.reset()
+        ins = a.plan(inputs)
+        a.page()  # the inputs' pages hold nothing else: they are read-only during a verification call
+        bufs = [a.flat(n, d) for n, d in buffers]
+        self._ref = a.open()
+        return [a.view(s) for s in ins], [a.view(s) for s in bufs]
+
+    def slot(self, t: torch.Tensor) -> Slot:
+        """Where a placed tensor (or a view of one) lies in the arena."""
+        dtype = str(t.dtype).removeprefix("torch.")
+        if t.numel() == 0:  # an empty tensor is no place in the arena
+            return Slot(0, tuple(t.shape), tuple(t.stride()), dtype)
+        return Slot(t.data_ptr() - self.arena.data_ptr, tuple(t.shape), tuple(t.stride()), dtype)
+
+    def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        """With the inputs read-only (CPU); a call that dies so (SIGSEGV) is run again writable, and one that
+        then returns wrote into an input: `input_mutated`, whether it restored the input or not."""
+        ins, outs = tuple(self.slot(t) for t in inputs), tuple(self.slot(t) for t in outputs)
+        try:
+            self.step(Call(self._ref, ins, outs, readonly=not self.cuda))
+            return
+        except Rejected as r:
+            if self.cuda or r.result.status is not Status.CRASH or self.worker.last_exit != -signal.SIGSEGV:
+                raise
+        saved = [t.clone() for t in inputs]  # intact: they were read-only when it died
+        assert self.loaded is not None
+        self.step(self.loaded)  # into the new worker
+        self.step(Call(self.arena.open(), ins, outs))
+        restored = all(torch.equal(t, s) for t, s in zip(inputs, saved, strict=True))
+        raise Rejected(EvalResult(Status.INPUT_MUTATED, "wrote into an input during the call" + (
+            " and restored it after" if restored else "") + " (read-only inputs made it crash)", device=self.device))
+
+    def time(self, inputs: Sequence[torch.Tensor], kept: list[tuple[list[torch.Tensor], list[torch.Tensor]]],
+             bench: BenchConfig, batch: int = 0) -> tuple[Reply, float]:
+        """A Time step on placed inputs, kept calls into placed slots."""
+        slots = tuple((tuple(self.slot(t) for t in i), tuple(self.slot(t) for t in o)) for i, o in kept)
+        return self.step(Time(self._ref, tuple(self.slot(t) for t in inputs), slots, bench, batch))
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
+    """One candidate judged (see the module doc); every failure is a result with its status. CUDA work of the
+    judge's runs on the worker's device (its streams, its synchronisations)."""
+    if worker.device.startswith("cuda"):
+        with torch.cuda.device(worker.device):
+            return _evaluate(worker, req, timeout_s)
+    return _evaluate(worker, req, timeout_s)
+
+
+def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
+    start = time.perf_counter()
+    device = worker.device
+
+    def result(status: Status, message: str = "", **kw: object) -> EvalResult:
+        return EvalResult(status, message, device=device, device_s=time.perf_counter() - start, **kw)
+
+    try:
+        ref = Reference(req.task.source)
+    except Exception as e:
+        return result(Status.REFERENCE_ERROR, f"{type(e).__name__}: {e}")
+    remote = Remote(worker, device, start + timeout_s)
+    task = req.task
+    try:
+        remote.step(Load(task, req.backend, req.path, req.entry))
+        verdict = verify(remote, ref, task.inputs, task.outputs, device, req.seed)
+        if verdict.status is not Status.OK or req.bench is None:
+            return result(verdict.status, verdict.message, verify=verdict.detail)
+        detail = verdict.detail
+        skipped = _skips_repeats(remote, ref, task, device, req.seed)
+        if skipped:
+            return result(Status.STALE_RESULT, skipped, verify=detail)
+        timing, baseline, wrong = _timed(remote, ref, task, device, req.seed, req.bench)
+        if wrong is not None:
+            return result(wrong.status, wrong.message, verify={**detail, "timed": wrong.detail})
+        assert timing is not None and baseline is not None
+        disagree = _batch_check(remote, ref, task, device, timing, req.bench)
+        if disagree:  # timed again, then checked again, before it counts: a busy machine disturbs either
+            timing, baseline, wrong = _timed(remote, ref, task, device, req.seed + 1, req.bench)
+            if wrong is not None:
+                return result(wrong.status, wrong.message, verify={**detail, "timed": wrong.detail})
+            assert timing is not None and baseline is not None
+            disagree = _batch_check(remote, ref, task, device, timing, req.bench)
+        if disagree:
+            return result(Status.FORBIDDEN_TIMER, disagree, verify=detail, timing=timing, baseline=baseline)
+        baseline, detail = _eager_check(ref, task, device, baseline, req.bench, detail)
+        # The calls judged are not only the first ones: the sets again, from a seed drawn here, after all
+        # the timed calls, into outputs holding finite values (not the NaN poison a kernel could look for),
+        # each output watched for a moment after its call returned.
+        late = verify(remote, ref, task.inputs, task.outputs, device, _SYSTEM.getrandbits(40), settle_s=0.02,
+                      finite_fill=True)
+        if late.status is not Status.OK:
+            return result(late.status, f"after timing: {late.message}", verify=detail)
+        bandwidth = _bandwidth(device)
+        floor_us = task.floor_bytes / bandwidth * 1e6 if bandwidth else None
+        if floor_us and timing.median_us < req.floor_factor * floor_us:
+            return result(Status.TOO_FAST, f"median {timing.median_us:.2f} us is below the roofline floor "
+                          f"{floor_us:.2f} us ({task.floor_bytes} bytes at {bandwidth / 1e9:.0f} GB/s)",
+                          verify=detail, timing=timing, baseline=baseline, floor_us=floor_us)
+        return result(Status.OK, "", verify=detail, timing=timing, baseline=baseline, floor_us=floor_us)
+    except Rejected as r:
+        return replace(r.result, device=device, device_s=time.perf_counter() - start)
+    except (torch.OutOfMemoryError, MemoryError) as e:  # the judge's own copies and references
+        return result(Status.OUT_OF_MEMORY, f"judging: {type(e).__name__}: {str(e)[:300]}")
+    except Exception as e:  # noqa: BLE001 - a failure is a result: the search goes on
+        log.exception("judging %s failed", task.key)
+        return result(Status.REFERENCE_ERROR, f"judging failed: {type(e).__name__}: {str(e)[:400]}")
+    finally:
+        worker.arena.reset()
+        worker.arena.shrink()
+
+
+def _inputs(remote: Remote, task: TaskSpec, device: str, seed: int, extra: Sequence[tuple[int, torch.dtype]]
+            ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Timing inputs (set 0 of `seed * 1000 + 7`) placed and filled, the extra buffers, and this
+    process's own copy of the inputs."""
+    gen = generator(device, seed * 1000 + 7)
+    flats = [make_flat(m, 0, gen, device) for m in task.inputs]
+    placed, bufs = remote.place(task.inputs, extra)
+    for view, flat in zip(placed, flats, strict=True):
+        fill(view, flat)
+    mine = [f.as_strided(m.shape, m.stride) for f, m in zip(flats, task.inputs, strict=True)]
+    return placed, bufs, mine
+
+
+def _skips_repeats(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int) -> str:
+    """Called twice on the same buffers, poisoned in between: what a kernel that skips work on a repeated
+    call left unwritten (the allocator often hands a dispatched kernel the same output addresses), or ""."""
+    placed, bufs, mine = _inputs(remote, task, device, seed, [(m.numel, m.torch_dtype) for m in task.outputs])
+    outputs = [output_view(b, m) for b, m in zip(bufs, task.outputs, strict=True)]
+    remote.call(placed, outputs)
+    for o in outputs:
+        o.fill_(float("nan") if o.is_floating_point() else 0x5A)
+    remote.call(placed, outputs)
+    eager_out, _ = ref(mine)
+    for i, (o, e) in enumerate(zip(outputs, eager_out, strict=True)):
+        if o.is_floating_point() and bool((o.isnan() & ~e.isnan()).any()):
+            return f"output {i}: not written when called again on the same buffers (skips work on repeated calls)"
+    return ""
+
+
+def _kept_buffers(task: TaskSpec, limit: int) -> list[tuple[int, torch.dtype]]:
+    return [(m.numel, m.torch_dtype) for _ in range(limit) for m in (*task.inputs, *task.outputs)]
+
+
+def _kept_views(task: TaskSpec, bufs: list[torch.Tensor]) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    per = len(task.inputs) + len(task.outputs)
+    metas = (*task.inputs, *task.outputs)
+    calls = []
+    for c in range(len(bufs) // per):
+        views = [b.view(m.shape) if k < len(task.inputs) else output_view(b, m)  # inputs kept row-major
+                 for k, (b, m) in enumerate(zip(bufs[c * per:(c + 1) * per], metas, strict=True))]
+        calls.append((views[:len(task.inputs)], views[len(task.inputs):]))
+    return calls
+
+
+def judge_kept(ref: Reference, task: TaskSpec, kept: list[tuple[list[torch.Tensor], list[torch.Tensor]]],
+                where: str) -> Verdict | None:
+    """The first kept call whose outputs are wrong for its own inputs, or None."""
+    for n, (inputs, outs) in enumerate(kept):
+        eager, high = ref([x.clone() for x in inputs])
+        for i, (o, e, h, m) in enumerate(zip(outs, eager, high, task.outputs, strict=True)):
+            name, finite = f"{where} call {n + 1} of {len(kept)} kept, output {i} ({m.short()})", judged(e, h, o.dtype)
+            bad = nonfinite(name, o, finite) or within_tolerance(name, o, e, h, finite, m.dtype, {}, where, i)
+            if bad is not None:
+                return replace(bad, detail={"kept": len(kept)})
+    return None
+
+
+def _kept_some(reply: Reply, limit: int, where: str, device: str) -> None:
+    """A timing step keeps one call at least (drawn among the rounds that always run) and at most `limit`:
+    a worker that says otherwise kept nothing the judge could check."""
+    if not 1 <= reply.kept <= limit:
+        raise Rejected(EvalResult(Status.FORBIDDEN_TIMER, f"{where} rounds came back with {reply.kept} kept calls "
+                                  f"(1 to {limit} are drawn): nothing to judge them by", device=device))
+
+
+def _timed(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int, bench: BenchConfig
+           ) -> tuple[Timing | None, Timing | None, Verdict | None]:
+    limit = kept_limit(task.inputs, task.outputs)
+    placed, bufs, _ = _inputs(remote, task, device, seed, _kept_buffers(task, limit))
+    kept = _kept_views(task, bufs)
+    reply, _ = remote.time(placed, kept, bench)
+    _kept_some(reply, limit, "timed", remote.device)
+    wrong = judge_kept(ref, task, kept[:reply.kept], "timed")
+    return reply.timing, reply.baseline, wrong
+
+
+def _eager_check(ref: Reference, task: TaskSpec, device: str, baseline: Timing, bench: BenchConfig,
+                 detail: dict[str, Any]) -> tuple[Timing, dict[str, Any]]:
+    """The worker's eager time, or this process's own where the worker's is more than EAGER_RATIO times it (plus
+    SLACK_US) twice: a candidate cannot make its baseline slower than the judge sees it (a busy machine, or
+    a candidate's spinning threads, can slow the worker's eager honestly too: so not a rejection)."""
+    here, _ = _measured_here(ref, task, device, bench)
+    if baseline.median_us <= EAGER_RATIO * here.median_us + min(SLACK_US, here.median_us):
+        return baseline, detail
+    here, _ = _measured_here(ref, task, device, bench, again=True)
+    if baseline.median_us <= EAGER_RATIO * here.median_us + min(SLACK_US, here.median_us):
+        return baseline, detail
+    note = (f"the worker's eager median {baseline.median_us:.1f} us is more than {EAGER_RATIO:g}x forge's own "
+            f"({here.median_us:.1f} us): the candidate is ranked against forge's")
+    log.info("%s: %s", task.key, note)
+    return here, {**detail, "eager_disagrees": note}
+
+
+def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, timing: Timing,
+                 bench: BenchConfig) -> str:
+    """A batch of rounds timed by this process's clock against the worker's median, or why they disagree."""
+    _, round_us = _measured_here(ref, task, device, bench)
+    claimed = timing.median_us
+    limit = kept_limit(task.inputs, task.outputs)
+    placed, bufs, _ = _inputs(remote, task, device, _SYSTEM.getrandbits(40), _kept_buffers(task, limit))
+    # the step's costs outside the rounds, at this device's copy rate: mapping the arena, copying kept calls
+    call_bytes = sum(m.nbytes for m in (*task.inputs, *task.outputs))
+    allowance = ALLOWANCE_S + (remote.arena.size + 4 * limit * call_bytes) / _bandwidth(device)
+    n = max(3, min(100, math.ceil(max(BATCH_S / SPLIT, 2 * allowance) * 1e6 / max(claimed + round_us, 1.0))))
+    per_round, kept = float("inf"), _kept_views(task, bufs)
+    for _ in range(SPLIT):  # the least disturbed of several batches: a busy machine slows some of them
+        reply, wall = remote.time(placed, kept, bench, batch=n)
+        _kept_some(reply, limit, "batched", device)
+        wrong = judge_kept(ref, task, kept[:reply.kept], "batched")
+        if wrong is not None:
+            raise Rejected(EvalResult(wrong.status, wrong.message, verify={"batched": wrong.detail}, device=device))
+        per_round = min(per_round, (wall - allowance) / n * 1e6)
+    allowed = RATIO * (claimed + round_us) + SLACK_US
+    if per_round > allowed:
+        return (f"the worker's clock disagrees with forge's: {SPLIT} batches of {n} calls took at least "
+                f"{per_round:.1f} us a call by forge's clock, the worker measured {claimed:.1f} us (allowed up "
+                f"to {allowed:.1f})")
+    return ""
+
+
+def _measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConfig, again: bool = False
+                   ) -> tuple[Timing, float]:
+    """Eager's median by this process's clock, and the cost of a round's perturbing and fresh outputs (per
+    task and device, measured once, or `again`): what the cross-check holds the worker's times against."""
+    key = (device, task.source + repr(task.inputs))
+    if again or key not in _HERE.tasks:
+        gen = generator(device, _SYSTEM.getrandbits(40))
+        inputs = [make_input(m, 0, gen, device) for m in task.inputs]
+        spot = SpotCheck(inputs, task.outputs, bench.min_runs, device)
+        clock = _clock(device)
+        with torch.no_grad():
+            (eager,) = interleaved(clock, [lambda: ref.eager(*inputs)], replace(bench, budget_s=min(bench.budget_s,
+                                   0.2)), spot.prepare)
+            rounds = 20
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                spot.prepare(False)
+                [empty_output(m, device) for m in task.outputs]
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+        _HERE.tasks[key] = (eager, (time.perf_counter() - t0) / rounds * 1e6)
+    return _HERE.tasks[key]
+
+
+def _clock(device: str) -> Clock:
+    if device not in _HERE.clocks:
+        _HERE.clocks[device] = Clock(device)
+    return _HERE.clocks[device]
+
+
+def _bandwidth(device: str) -> float:
+    """The device's copy rate, measured by this process once (a worker could report any)."""
+    if device not in _HERE.bandwidth:
+        _HERE.bandwidth[device] = measure_bandwidth(device)
+    return _HERE.bandwidth[device]

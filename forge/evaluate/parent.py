@@ -1,0 +1,241 @@
+"""Parent side of the worker processes: start, send a step, time out, restart after a crash.
+
+One long-lived worker per device (per GPU, pinned with CUDA_VISIBLE_DEVICES). A request that does not
+answer within its time limit gets TIMEOUT and the worker is killed and restarted; a worker that dies
+(end of file on the pipe) gives CRASH with its signal and the tail of its log. Either way the next
+request finds a fresh worker, so nothing a candidate does takes the harness down. A request is judged
+in this process (forge.evaluate.judge) through the worker's steps and the arena they share (forge.evaluate.arena).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from forge.evaluate.arena import Arena
+from forge.evaluate.judge import evaluate
+from forge.evaluate.sandbox import limits, network_namespace, nondumpable, scrubbed_env
+from forge.evaluate.steps import EvalRequest, Reply, decode, valid_reply
+from forge.kernel import EvalResult, Status
+
+log = logging.getLogger(__name__)
+_ROOT = str(Path(__file__).resolve().parents[2])  # the checkout (forge/evaluate/parent.py)
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+MAX_REPLY = 16 << 20  # bytes: replies are small (tensors travel through the arena); a larger one is a broken protocol
+
+
+class _Late(Exception):
+    """The worker's message did not arrive whole before the deadline."""
+
+
+def _recv_within(conn: Connection, deadline: float) -> bytes:
+    """One message from `conn` (multiprocessing's framing: a 4-byte big-endian length, -1 then 8 bytes for a
+    long one), read whole before `deadline` (time.monotonic()): a worker that sends a header and part of a
+    message and then stalls cannot hang forge's process, as Connection.recv_bytes would. _Late when it does
+    not arrive in time, EOFError when the pipe closes, ValueError for a length over MAX_REPLY."""
+    fd = conn.fileno()
+
+    def read(n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise _Late(f"{len(buf)} of {n} bytes")
+            chunk = os.read(fd, n - len(buf))
+            if not chunk:
+                raise EOFError("the worker closed its pipe")
+            buf += chunk
+        return bytes(buf)
+
+    (size,) = struct.unpack("!i", read(4))
+    if size == -1:
+        (size,) = struct.unpack("!Q", read(8))
+    if size < 0 or size > MAX_REPLY:
+        raise ValueError(f"a message of {size} bytes (at most {MAX_REPLY})")
+    return read(size)
+
+
+class Worker:
+    """One worker process for one device; restarted whenever it crashes or hangs."""
+
+    def __init__(self, device: str = "cpu", memory_bytes: int | None = None, start_timeout_s: float = 120.0,
+                 confined: bool | None = None, program: tuple[str, ...] = ("-m", "forge.evaluate.child"),
+                 own_network: bool | None = None) -> None:
+        """`confined`: the worker installs forge.evaluate.confine's seccomp filter (default: on the CPU; a CUDA worker
+        also runs Triton, whose compiler is a program it starts). `program`: what Python runs (tests run a
+        worker a candidate has taken over). `own_network`: a network namespace of its own when forge runs as
+        root (forge.evaluate.sandbox.limits; default: on the CPU, until CUDA IPC inside one is measured on a GPU)."""
+        self.program = program
+        self.isolate_network = device == "cpu" if own_network is None else own_network
+        self.device = device
+        self.confined = device == "cpu" if confined is None else confined
+        self.unconfined = ""  # why the worker could not confine itself, when it could not
+        self.own_network = False  # the worker runs in a network namespace of its own (forge.evaluate.sandbox.limits)
+        nondumpable()  # a worker that is not root cannot read forge's environment or memory through /proc
+        self.memory_bytes = memory_bytes
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.last_exit: int | None = None  # the exit code (-signal) of the last worker that died in a step
+        self._dir = tempfile.TemporaryDirectory(prefix="forge-worker-")
+        self.arena = Arena(device)
+        self._memfd = self.arena.memfds
+
+    @property
+    def log_path(self) -> Path:
+        """The worker's stdout/stderr."""
+        return Path(self._dir.name) / "worker.log"
+
+    def _start(self) -> None:
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        # HOME is the worker's own folder: credentials kept in files under the user's home (~/.aws, ~/.netrc,
+        # tokens) are not a path away; Triton's cache stays where it was
+        triton_cache = os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
+        extra = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p),
+                 "PYTHONUNBUFFERED": "1", "HOME": self._dir.name, "TRITON_CACHE_DIR": triton_cache}
+        dev = self.device
+        if dev.startswith("cuda"):
+            index = dev.split(":")[1] if ":" in dev else "0"
+            extra["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[int(index)] \
+                if os.environ.get("CUDA_VISIBLE_DEVICES") else index
+            dev = "cuda:0"
+        self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
+        self.proc = subprocess.Popen(
+            [sys.executable, *self.program, str(req_r), str(res_w), dev,
+             *(["confine"] if self.confined else [])],
+            pass_fds=(req_r, res_w) + ((self.arena.fd,) if self.arena.fd >= 0 else ()),  # the CPU arena's memfd
+            env=scrubbed_env(extra), cwd=self._dir.name, stdin=subprocess.DEVNULL,
+            stdout=self.logf, stderr=subprocess.STDOUT,
+            preexec_fn=limits(self.memory_bytes, None, self.isolate_network))
+        os.close(req_r)
+        os.close(res_w)
+        self._memfd = self.arena.memfds  # which memfd this worker inherited
+        self.conn_out = Connection(req_w, readable=False)
+        self.conn_in = Connection(res_r, writable=False)
+        if not self.conn_in.poll(self.start_timeout_s):
+            self._stop()
+            raise RuntimeError(f"the {self.device} worker did not start: {self.log_tail()}")
+        ns = network_namespace(self.proc.pid)
+        self.own_network = bool(ns) and ns != network_namespace()
+        try:
+            hello = decode(_recv_within(self.conn_in, time.monotonic() + self.start_timeout_s))
+            if not (isinstance(hello, tuple) and len(hello) == 2 and hello[0] == "ready" and isinstance(hello[1], str)):
+                raise EOFError(f"the worker's first message is not its ready message: {hello!r:.200}")
+            self.unconfined = hello[1]
+            if self.unconfined:
+                log.warning("the %s worker runs without its seccomp filter: %s", self.device, self.unconfined)
+        except (_Late, ValueError, pickle.UnpicklingError) as e:  # a start that stalls or speaks nonsense
+            self._stop()
+            raise RuntimeError(f"the {self.device} worker did not start properly ({e}): {self.log_tail()}") from e
+        except EOFError as e:
+            code = self.proc.wait() if self.proc else None
+            self._stop()
+            raise RuntimeError(f"the {self.device} worker died at start ({_signal_name(code)}): "
+                               f"{self.log_tail()}") from e
+
+    def _stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            for c in (self.conn_in, self.conn_out):
+                c.close()
+            self.logf.close()
+        self.proc = None
+
+    def log_tail(self, n: int = 800) -> str:
+        """The last n characters the worker printed."""
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def request(self, req: EvalRequest, timeout_s: float = 120.0) -> EvalResult:
+        """Judge one candidate (forge.evaluate.judge); failures of the process come back as TIMEOUT or CRASH results."""
+        self.log_path.write_bytes(b"")  # the log tail of a failure should be this request's
+        return evaluate(self, req, timeout_s)
+
+    def exchange(self, msg: object, timeout_s: float) -> Reply | EvalResult:
+        """Send one step and wait for its Reply; a TIMEOUT or CRASH result when the worker hangs or dies (it
+        is restarted for the next step)."""
+        start = time.perf_counter()
+        if self.proc is not None and self._memfd != self.arena.memfds:  # the arena got a new memfd (shrunk)
+            self._stop()
+        if self.proc is None or self.proc.poll() is not None:
+            self._stop()
+            try:
+                self._start()
+            except RuntimeError as e:  # the worker did not start or died starting: this step's failure
+                return EvalResult(Status.CRASH, str(e)[:800], device=self.device, device_s=time.perf_counter() - start)
+        assert self.proc is not None
+        try:
+            self.conn_out.send(msg)
+            try:
+                raw = _recv_within(self.conn_in, time.monotonic() + timeout_s)
+                reply, why = valid_reply(decode(raw)), "not a reply"
+            except _Late as e:
+                self._restart()
+                return EvalResult(Status.TIMEOUT, f"no answer within {timeout_s:.0f} s (a hang or an infinite "
+                                  f"loop; {e} of its reply had come); the worker was killed", device=self.device,
+                                  device_s=time.perf_counter() - start)
+            except (pickle.UnpicklingError, AttributeError, TypeError, ValueError, IndexError) as e:  # not EOF: death
+                reply, why = None, f"{type(e).__name__}: {e}"
+            if reply is None:  # only a Reply may come back: a worker that sends anything else is not trusted
+                self._restart()
+                return EvalResult(Status.CRASH, f"the worker broke the protocol ({why[:200]}); it was killed",
+                                  device=self.device, device_s=time.perf_counter() - start)
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            code = self.proc.wait(timeout=30)
+            self.last_exit = code
+            tail = self.log_tail()
+            self._restart()
+            if code == -signal.SIGSYS and self.confined:
+                return EvalResult(Status.FORBIDDEN_IO, "killed by the sandbox (seccomp): a forbidden system call "
+                                  "(a new process or program, a signal to another process, a socket, a change to "
+                                  "files)", device=self.device, device_s=time.perf_counter() - start)
+            status = Status.OUT_OF_MEMORY if "MemoryError" in tail or "bad_alloc" in tail else Status.CRASH
+            return EvalResult(status, f"the worker died ({_signal_name(code)})" + (f": {tail}" if tail else ""),
+                              device=self.device, device_s=time.perf_counter() - start)
+        if self.proc.poll() is not None or reply.fatal:
+            self._restart()
+        return reply
+
+    def _restart(self) -> None:
+        """Stop the worker; the next request starts a new one."""
+        self.restarts += 1
+        self._stop()
+
+    def close(self) -> None:
+        """Stop the worker and remove its directory."""
+        self._stop()
+        self.arena.close()
+        self._dir.cleanup()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

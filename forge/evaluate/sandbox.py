@@ -1,0 +1,82 @@
+"""The sandbox of untrusted work: environments by allowlist, resource limits and a network namespace for
+workers, a non-dumpable forge (forge.evaluate.confine has the workers' system-call filter)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import resource
+import sys
+from collections.abc import Callable
+
+# What a worker or a compiler may see (issue 13: an allowlist, not a denylist): these names, and names with
+# these prefixes (thread counts and library settings of OpenMP, MKL, OpenBLAS, CUDA and Triton). Anything
+# else (a `*_PASS`, a `DATABASE_URL` with a password, FORGE_DB) stays in forge's own process.
+ALLOWED = frozenset({"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TMP", "TEMP", "USER", "LOGNAME",
+                     "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "CXX", "CC", "PYTHONPATH", "VIRTUAL_ENV",
+                     "PYTHONHASHSEED", "FORGE_CACHE", "XDG_CACHE_HOME", "LIBRARY_PATH", "CPATH",
+                     "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"})
+ALLOWED_PREFIXES = ("LC_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "CUDA_", "NVIDIA_", "TRITON_")
+# Names that hold credentials, refused even when allowed above (a CUDA_..._TOKEN is still a token).
+_SECRET = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|_PASS$|CREDENTIAL|AUTH|SESSION|COOKIE|"
+                     r"PRIVATE_KEY|ACCESS_KEY|^AWS_|^AZURE_|^GOOGLE_APPLICATION|^OPENAI|^ANTHROPIC|^HF_|"
+                     r"^HUGGING_FACE|^GH_|^GITHUB_|^NPM_|^PYPI|URL$|DSN$)", re.I)
+
+
+def is_secret(name: str) -> bool:
+    """True for an environment variable name that may hold a credential."""
+    return bool(_SECRET.search(name))
+
+
+def allowed(name: str) -> bool:
+    """True for a variable a worker or compiler may see: on the allowlist and not a credential's name."""
+    return (name in ALLOWED or name.startswith(ALLOWED_PREFIXES)) and not is_secret(name)
+
+
+def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The allowed part of the current environment (see ALLOWED), plus `extra` (forge's own settings)."""
+    env = {k: v for k, v in os.environ.items() if allowed(k)}
+    env.update(extra or {})
+    return env
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def limits(memory_bytes: int | None, cpu_seconds: int | None, own_network: bool = True) -> Callable[[], None]:
+    """A preexec function for a worker: its own session, an address-space and a CPU-time limit, and (Linux,
+    as root, `own_network`) a network namespace of its own, which has no interface but a loopback that is
+    down: no network at all, sockets or not (the seccomp filter refuses sockets only on the CPU). Where the
+    namespace cannot be made (no privilege, a container without it) the worker runs without."""
+
+    def apply() -> None:
+        os.setsid()  # Ctrl-C in the terminal reaches the parent only
+        if own_network and sys.platform.startswith("linux") and os.geteuid() == 0:
+            ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWNET)  # a failure leaves the network as it was
+        if memory_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        if cpu_seconds:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+_PR_SET_DUMPABLE = 4
+
+
+def network_namespace(pid: int | str = "self") -> str:
+    """The network namespace of a process (Linux: `net:[inode]`), or "" where it cannot be read."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
+def nondumpable() -> None:
+    """Make this process non-dumpable (Linux): its /proc files (environ, mem, maps) then belong to root, so
+    a worker of the same user cannot read forge's environment or memory; no core dumps, and a debugger needs
+    root to attach. Nothing elsewhere."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)

@@ -1,0 +1,367 @@
+"""Verification of a candidate against its task's reference (in forge's process: forge.evaluate.judge).
+
+Method (docs/verification.md):
+- four input sets with fresh random values per call: three never zero, of growing magnitude and spread
+  (N(0,1); 3*N(0,1)+0.5; 10*N(0,1)-1, which gives softmax logits around +-30), then the hard values
+  (zeros, magnitudes at the edge of exp's overflow, large magnitudes, negatives: `_hard`);
+- outputs are allocated by the harness inside a larger buffer and filled with a NaN of a known bit
+  pattern; the zones before and after each output must keep that pattern (out-of-bounds writes) and no
+  output element may keep it (partial write);
+- inputs are compared bit for bit before and after the call;
+- the reference runs in higher precision (fp16/bf16 -> fp32, fp32 -> fp64, dtype casts in the region
+  promoted the same way); error = max |c - r| / (|r| + mean|r|) over elements where the reference
+  (in the output dtype) and eager's own result are finite; it must be within max(TOLERANCE[dtype],
+  2 x the eager error);
+- NaN or Inf where the reference and eager are finite fails; the same output for different inputs (a cached
+  result) fails; a constant output where the reference is not constant fails;
+- timed calls are judged at random (forge.evaluate.spotcheck); after timing, the judge verifies once more on the
+  SETS from a new secret seed, each output watched for a moment after the call returned.
+The candidate runs in a worker (a `Target`); inputs and outputs are shared with it (forge.evaluate.arena), while the
+inputs the reference reads, the copies they are compared with and every verdict stay in this process.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from forge.capture.export import TensorMeta, output_view
+from forge.kernel import Status
+from forge.tasks.cut import compile_source
+from forge.tolerance import rel_error, tolerance
+
+SCALES = ((1.0, 0.0), (3.0, 0.5), (10.0, -1.0))
+SETS = len(SCALES) + 1  # input sets a verification runs: the scales, then the hard values
+_POISON = {torch.float32: (torch.int32, 0x7FC0DEAD), torch.float16: (torch.int16, 0x7E5A),  # NaNs
+           torch.bfloat16: (torch.int16, 0x7FDA), torch.float64: (torch.int64, 0x7FF8DEADBEEFDEAD),
+           torch.int64: (torch.int64, 0x5A5A5A5A5A5A5A5A), torch.int32: (torch.int32, 0x5A5A5A5A),
+           torch.int16: (torch.int16, 0x5A5A), torch.int8: (torch.int8, 0x5A), torch.uint8: (torch.uint8, 0x5A),
+           torch.bool: (torch.uint8, 0x5A)}
+_HIGHER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64}
+
+
+@dataclass
+class Verdict:
+    """The outcome of verification: a status, a message and per-set detail."""
+
+    status: Status
+    message: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+_NAN = {torch.float32: (torch.int32, 0x7FC00000, 22), torch.float16: (torch.int16, 0x7E00, 9),
+        torch.bfloat16: (torch.int16, 0x7FC0, 6), torch.float64: (torch.int64, 0x7FF8000000000000, 51)}
+_SYSTEM = random.SystemRandom()  # the guard words: not derived from any seed the worker was sent
+
+
+class Guarded:
+    """An output tensor inside a buffer with guard zones on both sides.
+
+    The output is filled with one poison word (for floats a NaN with a random payload, for 32- and 64-bit
+    integers a random value, new for every buffer); the guard zones with random bits, kept to compare: a
+    candidate cannot tell a verification buffer by a fixed word before, in or after its output."""
+
+    def __init__(self, meta: TensorMeta, device: str, finite: bool = False, buf: torch.Tensor | None = None
+                 ) -> None:
+        """`finite`: the output holds random finite values instead of the poison word, as a reused buffer
+        would (a kernel that computes only when it sees NaN in its output is caught by the comparison);
+        unwritten elements then show as wrong values, not as a partial write. `buf`: where the buffer lives
+        (`Guarded.size(meta)` elements of its dtype, shared with the worker), else allocated here."""
+        dtype = meta.torch_dtype
+        self.finite = finite
+        self.meta = meta
+        self.guard = self.guard_elements(dtype)
+        bits_dtype, self.bits = _POISON[dtype]
+        if dtype in _NAN:
+            _, base, payload = _NAN[dtype]
+            self.bits = _signed(base | _SYSTEM.getrandbits(payload), bits_dtype)
+        elif dtype in (torch.int32, torch.int64):
+            self.bits = _signed(_SYSTEM.getrandbits(32 if dtype == torch.int32 else 64), bits_dtype)
+        self.buf = torch.empty(self.size(meta), dtype=dtype, device=device) if buf is None else buf
+        self.raw = self.buf.view(torch.uint8) if dtype == torch.bool else self.buf.view(bits_dtype)
+        self.raw.fill_(self.bits)
+        g, n = self.guard, meta.numel
+        gen = torch.Generator(device=self.raw.device).manual_seed(_SYSTEM.getrandbits(63))
+        for zone in (self.raw[:g], self.raw[g + n:]):
+            info = torch.iinfo(zone.dtype)
+            zone.copy_(torch.randint(info.min, info.max, zone.shape, generator=gen, device=zone.device,
+                                     dtype=zone.dtype))
+        self._zones = (self.raw[:g].clone(), self.raw[g + n:].clone())
+        self.tensor = output_view(self.buf[g:g + n], meta)
+        if finite and n:
+            fill = torch.randn(n, generator=gen, device=self.raw.device) * 3 if dtype.is_floating_point else \
+                torch.randint(0, 2 if dtype == torch.bool else 16, (n,), generator=gen, device=self.raw.device)
+            self.buf[g:g + n].copy_(fill.to(dtype))
+
+    @staticmethod
+    def guard_elements(dtype: torch.dtype) -> int:
+        """Elements of each guard zone."""
+        return max(256, 4096 // dtype.itemsize)
+
+    @classmethod
+    def size(cls, meta: TensorMeta) -> int:
+        """Elements of the whole buffer: the output and its two guard zones."""
+        return meta.numel + 2 * cls.guard_elements(meta.torch_dtype)
+
+    def guards_intact(self) -> bool:
+        """True if nothing was written outside the output."""
+        g, n = self.guard, self.meta.numel
+        return bool(torch.equal(self.raw[:g], self._zones[0]) and torch.equal(self.raw[g + n:], self._zones[1]))
+
+    def poisoned(self) -> torch.Tensor:
+        """Mask of output elements that still hold the poison (none, for a finite fill)."""
+        g, n = self.guard, self.meta.numel
+        if self.finite:
+            return torch.zeros(self.meta.shape, dtype=torch.bool, device=self.raw.device)
+        return output_view(self.raw[g:g + n] == self.bits, self.meta)  # the mask in the output's own layout
+
+
+def _signed(value: int, dtype: torch.dtype) -> int:
+    """An unsigned bit pattern as the signed integer of `dtype`'s width (what fill_ takes)."""
+    width = torch.iinfo(dtype).bits
+    return value - (1 << width) if value >= 1 << (width - 1) else value
+
+
+def make_input(meta: TensorMeta, k: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """Input set k for one tensor, with the meta's shape, dtype and stride: random and never zero for the
+    sets of SCALES, the hard values (`_hard`) for the last of the SETS."""
+    return make_flat(meta, k, gen, device).as_strided(meta.shape, meta.stride)
+
+
+def make_flat(meta: TensorMeta, k: int, gen: torch.Generator, device: str) -> torch.Tensor:
+    """The storage of `make_input`'s tensor: every element its strides reach, in order."""
+    span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride, strict=True)) if meta.numel else 0
+    dtype = meta.torch_dtype
+    dev = gen.device  # generated where the generator lives: on the GPU for CUDA workers (fast)
+    if dtype.is_floating_point:
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
+        if k % SETS == len(SCALES):
+            flat = _hard(span, dtype, wide, gen)
+        else:
+            scale, shift = SCALES[k % SETS]
+            flat = torch.randn(span, generator=gen, dtype=wide, device=dev) * scale + shift
+            flat = torch.where(flat.to(dtype) == 0, torch.full_like(flat, 0.5), flat)
+    elif dtype == torch.bool:
+        flat = torch.randint(0, 2, (span,), generator=gen, device=dev).bool()
+    else:
+        flat = torch.randint(0, 16, (span,), generator=gen, device=dev)
+    return flat.to(dtype).to(device)
+
+
+def _hard(n: int, dtype: torch.dtype, wide: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """The values naive kernels get wrong, mixed at random: an eighth zeros, an eighth within a few units of
+    where exp overflows in `dtype` (ln of its largest value: about 88.7 for float32 and bfloat16, 11.1 for
+    float16), either sign, an eighth of magnitude 64 to 1024, either sign, the rest 3*N(0,1)."""
+    dev = gen.device
+    x = torch.randn(n, generator=gen, dtype=wide, device=dev) * 3
+    kind = torch.randint(0, 8, (n,), generator=gen, device=dev)
+    u = torch.rand(n, generator=gen, dtype=wide, device=dev)
+    sign = torch.where(torch.rand(n, generator=gen, dtype=wide, device=dev) < 0.5, -1.0, 1.0).to(wide)
+    edge = math.log(torch.finfo(dtype).max)
+    x = torch.where(kind == 0, torch.zeros_like(x), x)
+    x = torch.where(kind == 1, sign * (edge - 3 + 4 * u), x)
+    return torch.where(kind == 2, sign * (64 + 960 * u), x)
+
+
+def generator(device: str, seed: int) -> torch.Generator:
+    """A seeded generator on the device's type (CUDA inputs are made on the GPU)."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    return torch.Generator(device=kind).manual_seed(seed)
+
+
+def _promote_source(source: str) -> str:
+    return re.sub(r"torch\.(float16|bfloat16|float32)\b",
+                  lambda m: {"float16": "torch.float32", "bfloat16": "torch.float32",
+                             "float32": "torch.float64"}[m.group(1)], source)
+
+
+def _promote(t: torch.Tensor) -> torch.Tensor:
+    return t.to(_HIGHER[t.dtype]) if t.dtype in _HIGHER else t
+
+
+class Reference:
+    """The task's reference at its own dtype (eager) and in higher precision."""
+
+    def __init__(self, source: str) -> None:
+        self.eager = compile_source(source)
+        self.high = compile_source(_promote_source(source))
+
+    def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        with torch.no_grad():
+            eager = list(self.eager(*[x.clone() for x in inputs]))
+            try:
+                high = list(self.high(*[_promote(x.clone()) for x in inputs]))
+            except Exception:  # an op without a higher-precision kernel: compare with eager only
+                high = [e.clone() for e in eager]
+        return eager, high
+
+
+class Target(ABC):
+    """The candidate as the judge reaches it: placed tensors are shared with the process that runs it."""
+
+    @abstractmethod
+    def place(self, inputs: Sequence[TensorMeta], buffers: Sequence[tuple[int, torch.dtype]]
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Shared tensors for one call: one per input meta (its shape and strides), and flat buffers of
+        (elements, dtype) for the outputs. Valid until the next `place`."""
+
+    @abstractmethod
+    def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        """Run the candidate once on placed tensors (after this process's own work on them is done) and wait
+        until it returned; a failure raises forge.evaluate.judge.Rejected with its result."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Wait for this process's own device work."""
+
+
+def fill(view: torch.Tensor, flat: torch.Tensor) -> None:
+    """Write `flat` (make_flat's storage) into a placed input, every element its strides reach."""
+    if flat.numel():
+        view.as_strided((flat.numel(),), (1,)).copy_(flat)
+
+
+def _still_writing(outs: list[Guarded], settle_s: float, sync: Callable[[], None]) -> bool:
+    """True if any output buffer changes within `settle_s` after the call was synchronised."""
+    before = [o.raw.clone() for o in outs]
+    time.sleep(settle_s)
+    sync()
+    return any(not torch.equal(o.raw, b) for o, b in zip(outs, before, strict=True))
+
+
+def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
+           outputs_meta: tuple[TensorMeta, ...], device: str, seed: int, settle_s: float = 0.0,
+           finite_fill: bool = False) -> Verdict:
+    """Run the candidate on the SETS fresh input sets and judge every output; see the module docstring.
+    `settle_s`: after each call, wait this long and fail an output that changed meanwhile (work left
+    running on a thread or stream after the call returned). `finite_fill`: outputs pre-filled with finite random
+    values instead of the poison (see Guarded)."""
+    detail: dict[str, Any] = {"sets": []}
+    # An index output (argmax, a sort) must equal eager's, and the hard values are full of ties (zeros; the
+    # overflow edge in half precision) that a right kernel may break another way: such tasks skip that set.
+    sets = len(SCALES) if any(not m.torch_dtype.is_floating_point and m.torch_dtype != torch.bool
+                              for m in outputs_meta) else SETS
+    previous: list[torch.Tensor] | None = None
+    ref_prev: list[tuple[torch.Tensor, torch.Tensor]] = []  # the previous set's eager outputs, judged masks
+    for k in range(sets):
+        gen = generator(device, seed * 1000 + k)
+        flats = [make_flat(m, k, gen, device) for m in inputs_meta]
+        mine = [f.as_strided(m.shape, m.stride) for f, m in zip(flats, inputs_meta, strict=True)]  # never shared
+        eager, high = ref(mine)
+        inputs, bufs = target.place(inputs_meta, [(Guarded.size(m), m.torch_dtype) for m in outputs_meta])
+        for view, flat in zip(inputs, flats, strict=True):
+            fill(view, flat)
+        outs = [Guarded(m, device, finite_fill, b) for m, b in zip(outputs_meta, bufs, strict=True)]
+        target.call(inputs, [o.tensor for o in outs])
+        if settle_s and _still_writing(outs, settle_s, target.sync):
+            return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {k}: an output changed after the call returned "
+                           "(work left running on a thread or stream)", detail)
+        row: dict[str, Any] = {"set": k}
+        detail["sets"].append(row)
+        masks: list[torch.Tensor] = []
+        for j, (x, s) in enumerate(zip(inputs, mine, strict=True)):
+            if not torch.equal(x, s):
+                return Verdict(Status.INPUT_MUTATED, f"input {j} changed during the call", detail)
+        for i, (o, e, h, m) in enumerate(zip(outs, eager, high, outputs_meta, strict=True)):
+            name = f"output {i} ({m.short()})"
+            if not o.guards_intact():
+                return Verdict(Status.OUT_OF_BOUNDS, f"{name}: wrote outside the output buffer", detail)
+            out, finite = o.tensor, judged(e, h, o.tensor.dtype)
+            masks.append(finite)
+            left = o.poisoned() & finite
+            if left.any():
+                n = int(left.sum())
+                return Verdict(Status.PARTIAL_WRITE, f"{name}: {n} of {m.numel} elements never written",
+                               detail)
+            bad = nonfinite(name, out, finite)
+            if bad is not None:
+                return replace(bad, detail=detail)
+            if previous is not None and _stale(out, e, finite, previous[i], *ref_prev[i]):
+                return Verdict(Status.STALE_RESULT, f"{name}: same output as for the previous, different "
+                               "inputs (a cached result)", detail)
+            if _constant(out, e, finite):
+                return Verdict(Status.CONSTANT_OUTPUT, f"{name}: every judged element is "
+                               f"{_span(out, finite)[0].item()}", detail)
+            wrong = within_tolerance(name, out, e, h, finite, m.dtype, row, f"set {k}", i)
+            if wrong is not None:
+                return replace(wrong, detail=detail)
+        previous = [o.tensor.clone() for o in outs]
+        ref_prev = list(zip(eager, masks, strict=True))
+    detail["max_err"] = max((v for r in detail["sets"] for kk, v in r.items() if kk.startswith("err")),
+                            default=0.0)
+    return Verdict(Status.OK, "", detail)
+
+
+def _stale(out: torch.Tensor, eager: torch.Tensor, finite: torch.Tensor, out_prev: torch.Tensor,
+           eager_prev: torch.Tensor, finite_prev: torch.Tensor) -> bool:
+    """The output equals the previous set's where both sets are judged, while eager's differ there."""
+    both = finite & finite_prev
+    if not both.any() or ((out != out_prev) & both).any():
+        return False
+    return bool(((eager != eager_prev) & both).any())
+
+
+def _span(t: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of t over mask (integer and boolean outputs are judged everywhere)."""
+    if t.is_floating_point():
+        return torch.where(mask, t, float("inf")).min(), torch.where(mask, t, float("-inf")).max()
+    t = t.to(torch.int64)
+    return t.min(), t.max()
+
+
+def _constant(out: torch.Tensor, eager: torch.Tensor, finite: torch.Tensor) -> bool:
+    """Every judged element of the output is the same value, and eager's are not."""
+    if int(finite.sum()) <= 1:
+        return False
+    lo, hi = _span(out, finite)
+    if bool(lo != hi):
+        return False
+    lo, hi = _span(eager, finite)
+    return bool(lo != hi)
+
+
+def judged(eager: torch.Tensor, high: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Where an output is judged: where the higher-precision reference (in the output dtype) and eager's
+    own result are finite (a kernel as exact as eager passes even where eager overflows)."""
+    if not high.is_floating_point():
+        return torch.ones_like(high, dtype=torch.bool)
+    hi = high.to(dtype) if high.dtype != dtype else high
+    return torch.isfinite(hi) & torch.isfinite(eager)
+
+
+def nonfinite(name: str, out: torch.Tensor, finite: torch.Tensor) -> Verdict | None:
+    """A `nonfinite` verdict where the output has NaN/Inf at a judged element, else None."""
+    if out.is_floating_point():
+        bad = ~torch.isfinite(out) & finite
+        if bad.any():
+            return Verdict(Status.NONFINITE, f"{name}: {int(bad.sum())} NaN/Inf where the reference is finite")
+    return None
+
+
+def within_tolerance(name: str, out: torch.Tensor, eager: torch.Tensor, high: torch.Tensor,
+                     finite: torch.Tensor, dtype: str, row: dict[str, Any], where: str, i: int) -> Verdict | None:
+    """None when the output is equal (integers) or within tolerance of `high` (floats; the error and
+    tolerance go into `row`), else the `wrong_result` or `low_precision` verdict."""
+    if not out.is_floating_point():
+        if torch.equal(out, eager):
+            return None
+        return Verdict(Status.WRONG_RESULT, f"{name}: {int((out != eager).sum())} elements differ ({where})")
+    err = rel_error(out, high, finite)
+    eager_err = rel_error(eager, high, finite)
+    tol = max(tolerance(dtype).kernel, 2 * eager_err)
+    row.update({f"err{i}": err, f"eager_err{i}": eager_err, f"tol{i}": tol})
+    if err <= tol:
+        return None
+    band = max(tolerance(dtype).low_precision, 2 * tol)
+    status = Status.LOW_PRECISION if err <= band else Status.WRONG_RESULT
+    kind = "looks computed in a lower precision than asked: " if status is Status.LOW_PRECISION else ""
+    return Verdict(status, f"{name}: {kind}error {err:.3g} > tolerance {tol:.3g} ({where}, eager's error "
+                   f"{eager_err:.3g})")

@@ -1,0 +1,64 @@
+"""Policies propose kernel candidates for a task: the base class every policy implements.
+
+Interface (the base class `Policy`): `propose(spec, parent, feedback) -> list[payload]` gives new ideas
+below a tree node (`parent` is None at the root: the eager baseline), and `render(spec, payload) -> Candidate`
+turns an idea into source. `payload_of(spec, knobs) -> payload` turns the knobs stored for a candidate back
+into its payload, so `forge optimize --resume` can rebuild a search tree (by default only JSON payloads can
+be rebuilt; see forge.search.driver); `observe`, `stop_reason`, `bind` and `close` are hooks that do nothing by
+default. The offline recipe policy (the default) is forge.policy.recipes.policy; the language-model ones are in
+forge.policy.llm.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from typing import Any
+
+from forge.kernel import Candidate, Feedback, TaskSpec
+
+log = logging.getLogger(__name__)
+
+
+class Policy(ABC):
+    """What the search needs of a policy: `mine`, `propose` and `render`; the other hooks do nothing unless
+    a policy has something to do there (an LLM policy records its calls, learns from results, stops when
+    its money is spent)."""
+
+    name: str = ""
+
+    @abstractmethod
+    def mine(self, spec: TaskSpec) -> str | None:
+        """None if the policy can write kernels for the task, else why not."""
+
+    @abstractmethod
+    def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None) -> list[Any]:
+        """New candidate payloads below `parent` (None: the baseline); `feedback`: how `parent` did, and the
+        task's statistics (forge.kernel.Feedback)."""
+
+    @abstractmethod
+    def render(self, spec: TaskSpec, payload: Any) -> Candidate:
+        """The candidate for a payload."""
+
+    def payload_of(self, spec: TaskSpec, knobs: dict[str, Any]) -> Any:
+        """The payload stored as `knobs` (how --resume rebuilds a tree): by default a JSON payload stored as
+        {"payload": ...}; ValueError when it cannot be rebuilt (the node is then never expanded)."""
+        if set(knobs) == {"payload"}:
+            return knobs["payload"]
+        raise ValueError(f"not a stored payload: {knobs}")
+
+    def observe(self, spec: TaskSpec, payload: Any, cand: Candidate, res: Any) -> None:
+        """A candidate's evaluation result (an EvalResult), for policies that learn from outcomes."""
+        return None
+
+    def stop_reason(self) -> str | None:
+        """Why the search must stop now (an LLM budget spent), or None."""
+        return None
+
+    def bind(self, store: Any, run_id: str) -> None:
+        """Where the policy records what it does (forge.store.Store and the run); nothing by default."""
+        return None
+
+    def close(self) -> None:
+        """Release what the policy holds (threads, connections) when the search is over."""
+        return None

@@ -1,0 +1,389 @@
+"""The LLM policy: a language model proposes, repairs and optimizes kernels inside the MCTS.
+
+A node's payload is an `Idea` (first attempt, repair after a build error or rejection, repair after a
+wrong result, optimize, tune). `propose` builds each request's prompt from what the search reported
+(`observe`) and sends it to a thread pool at once, so several requests are in flight while the search
+builds and benchmarks; `render` waits for the answer. An answer that is not usable code gets one repair
+turn; after that, or on a refusal, an empty answer, a provider failure or a spent budget, the node is a
+`NoKernel`: a failed node with the reason, never an exception in the search.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from forge.backends import BACKENDS, for_device
+from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, Status, TaskSpec
+from forge.policy.base import Policy
+from forge.policy.llm.cache import CallLog, Message
+from forge.policy.llm.parse import Malformed, parse_answer, prose
+from forge.policy.llm.prompts import (
+    LANG,
+    Prompt,
+    bandwidth_line,
+    device_facts,
+    measured,
+    measured_numbers,
+    render,
+    system_prompt,
+    task_values,
+)
+from forge.policy.llm.providers import LLMError
+from forge.policy.llm.tune import variants
+from forge.policy.recipes.policy import RecipePolicy
+from forge.store import Store
+
+log = logging.getLogger(__name__)
+
+_BUILD = {Status.BUILD_ERROR, Status.BAD_FORMAT} | {s for s in Status if s.value.startswith("forbidden_")}
+_FIRST_HINTS = ("", "Take a different approach from the most obvious one (another parallelisation or loop order).",
+                "Favour vectorised inner loops and as few passes over memory as possible.",
+                "Favour cache blocking and fusing all the work into a single pass.")
+_OPT_HINTS = ("Focus on memory traffic: fewer passes, wider and aligned accesses.",
+              "Focus on parallelism and work distribution, and on vectorising the inner loops.",
+              "Try a structurally different algorithm or blocking.")
+
+
+@dataclass(frozen=True)
+class Idea:
+    """The payload of an LLM node: what was asked (its answer arrives asynchronously)."""
+
+    id: int
+    kind: str  # first | repair-build | repair-wrong | optimize | tune | seed
+    parent: int | None = None  # the Idea id it improves on
+    note: str = ""  # tune: the knob change
+
+
+@dataclass
+class _Node:
+    idea: Idea
+    future: Future[Candidate]
+    summary: str = ""  # the model's words around its code
+    result: EvalResult | None = None
+    rounds: int = 0  # times the search asked for its children
+    children: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _TaskLog:
+    attempts: list[str] = field(default_factory=list)  # outcome lines, oldest first (measured numbers marked)
+    best: tuple[float, Candidate] | None = None
+    eager_us: float | None = None
+    floor_us: float | None = None
+    firsts: int = 0
+    digests: set[str] = field(default_factory=set)
+    task_id: int | None = None
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """How wide the LLM policy asks."""
+
+    width: int = 4  # first attempts at the root per round
+    max_first: int = 8  # first attempts per task
+    optimize: int = 2  # optimize requests below a correct kernel per round
+    rounds: int = 2  # times a node may be asked for children
+    concurrency: int = 4  # requests in flight
+    tune: bool = False  # also propose knob changes of LLM kernels (the mixed policy)
+
+
+class LLMPolicy(Policy):
+    """Kernels written by a language model (docs/llm.md)."""
+
+    def __init__(self, calls: CallLog, device: str = "cpu", backend: str | None = None,
+                 config: LLMConfig | None = None) -> None:
+        self.calls = calls
+        self.name = calls.spec.name
+        self.device = device
+        self.backend = backend or for_device(device).name
+        self.config = config or LLMConfig()
+        self.system = system_prompt(self.backend)
+        self._pool = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="forge-llm")
+        self._nodes: dict[int, _Node] = {}
+        self._tasks: dict[str, _TaskLog] = {}
+        self._ids = itertools.count(1)
+        self.store: Store | None = None
+        self.run_id: str | None = None
+
+    # -- search hooks -------------------------------------------------------------------------------
+    def bind(self, store: Store, run_id: str) -> None:
+        """Record calls in this run (and look the cache up in this store)."""
+        self.store, self.run_id = store, run_id
+        self.calls.bind(store, run_id)
+
+    def stop_reason(self) -> str | None:
+        """Why the search must stop (the --max-usd budget is spent), or None."""
+        return self.calls.budget_spent()
+
+    def close(self) -> None:
+        """Drop requests not yet sent."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def mine(self, spec: TaskSpec) -> str | None:
+        """Any task is the model's to try, on a device its backend runs on."""
+        if (BACKENDS[self.backend].device == "cpu") != (self.device == "cpu"):
+            return f"a {self.backend} kernel cannot run on {self.device}"
+        return None
+
+    def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None = None) -> list[Any]:
+        """Root: first attempts; a failed node: its repair; a correct one: optimize (and tune) requests."""
+        if self.stop_reason():
+            return []
+        tl = self._log(spec)
+        if parent is None:
+            n = min(self.config.width, self.config.max_first - tl.firsts)
+            ideas = [self._ask(spec, "first", None, tl.firsts + i) for i in range(max(0, n))]
+            tl.firsts += len(ideas)
+            return ideas
+        node = self._nodes.get(parent.id) if isinstance(parent, Idea) else None
+        if node is None or node.result is None or isinstance(node.future.result(), NoKernel):
+            return []  # nothing to improve on: no code
+        node.rounds += 1
+        if node.rounds > self.config.rounds:
+            return []
+        status = node.result.status
+        if status.passed:
+            ideas = [self._ask(spec, "optimize", node, i) for i in range(self.config.optimize)]
+            return ideas + (self.tunes(spec, node) if self.config.tune else [])
+        return [self._ask(spec, "repair-build" if status in _BUILD else "repair-wrong", node, node.rounds - 1)]
+
+    def render(self, spec: TaskSpec, payload: Any) -> Candidate:
+        """The candidate an idea's answer gave (waits for it)."""
+        return self._nodes[payload.id].future.result()
+
+    def observe(self, spec: TaskSpec, payload: Any, cand: Candidate, res: EvalResult) -> None:
+        """What the search measured for a node: the lineage later prompts show."""
+        tl = self._log(spec)
+        if res.baseline:
+            tl.eager_us = min(tl.eager_us or res.baseline.median_us, res.baseline.median_us)
+        tl.floor_us = res.floor_us or tl.floor_us
+        if res.status.passed and res.timing and (tl.best is None or res.timing.median_us < tl.best[0]):
+            tl.best = (res.timing.median_us, cand)
+        node = self._nodes.get(payload.id) if isinstance(payload, Idea) else None
+        if node is not None:
+            node.result = res
+        who = f"#{payload.id} {payload.kind}" if isinstance(payload, Idea) else f"recipe {payload}"
+        tl.attempts.append(f"- {who}: {_outcome(res)}")
+
+    # -- requests -----------------------------------------------------------------------------------
+    def _log(self, spec: TaskSpec) -> _TaskLog:
+        tl = self._tasks.setdefault(spec.key, _TaskLog())
+        if tl.task_id is None and self.store is not None and self.run_id is not None:
+            tl.task_id = next((t.id for t in self.store.get_tasks(self.run_id) if t.key == spec.key), None)
+        return tl
+
+    def _new(self, kind: str, parent: _Node | None, future: Future[Candidate], note: str = "") -> Idea:
+        idea = Idea(next(self._ids), kind, parent.idea.id if parent else None, note)
+        self._nodes[idea.id] = _Node(idea, future)
+        if parent is not None:
+            parent.children.append(idea.id)
+        return idea
+
+    def _ask(self, spec: TaskSpec, kind: str, parent: _Node | None, variant: int) -> Idea:
+        """An idea whose request is built now and sent by the pool."""
+        messages = [("user", self._prompt(spec, kind, parent, variant))]
+        future: Future[Candidate] = Future()
+        idea = self._new(kind, parent, future)
+        task_id = self._log(spec).task_id
+
+        def run() -> None:
+            cand, summary = self._write(messages, task_id)
+            self._nodes[idea.id].summary = summary
+            future.set_result(cand)
+
+        def never_sent(f: Future[None]) -> None:
+            if f.cancelled() and not future.done():
+                future.set_result(NoKernel.because(self.backend, "the search ended before the request was sent"))
+
+        self._pool.submit(run).add_done_callback(never_sent)
+        return idea
+
+    def _write(self, messages: list[Message], task_id: int | None) -> tuple[Candidate, str]:
+        """Ask, parse, and give a malformed answer one repair turn; failures become NoKernel. The candidate
+        names the stored calls it came from (`Candidate.llm_calls`: the search links them to its node)."""
+        calls: list[int] = []
+
+        def ask(msgs: list[Message]) -> str:
+            try:
+                answer = self.calls.ask(self.system, msgs, task_id)
+            except LLMError as e:
+                calls.extend([e.call_id] if e.call_id is not None else [])
+                raise
+            calls.extend([answer.call_id] if answer.call_id is not None else [])
+            return answer.reply.text
+
+        cand, summary = self._answer(messages, ask)
+        return replace(cand, llm_calls=tuple(calls)), summary
+
+    def _answer(self, messages: list[Message], ask: Callable[[list[Message]], str]) -> tuple[Candidate, str]:
+        try:
+            text = ask(messages)
+            try:
+                return parse_answer(text, self.backend), prose(text)
+            except Malformed as e:
+                first = e
+            log.info("malformed answer, one repair turn: %s", first)
+            fix = render("repair-format", reason=first, backend=self.backend, lang=LANG[self.backend])
+            messages = [*messages, ("assistant", Prompt(text, text)), ("user", fix)]
+            text = ask(messages)
+            try:
+                return parse_answer(text, self.backend), prose(text)
+            except Malformed as e:
+                if e.candidate or first.candidate:  # code that broke a rule: the evaluator rejects it, with its status
+                    return e.candidate or first.candidate, prose(text)  # type: ignore[return-value]
+                return NoKernel.because(self.backend, f"malformed answer after one repair turn: {e}"), ""
+        except LLMError as e:  # refusal, empty answer, provider failure, budget, replay miss: a failed node
+            return NoKernel.because(self.backend, str(e)), ""
+        except Exception as e:  # noqa: BLE001 - a bug here must not crash the search either
+            log.exception("LLM request failed")
+            return NoKernel.because(self.backend, f"{type(e).__name__}: {e}"), ""
+
+    def _prompt(self, spec: TaskSpec, kind: str, parent: _Node | None, variant: int) -> Prompt:
+        tl = self._log(spec)
+        v = task_values(spec, self.backend)
+        facts = device_facts(self.device) + bandwidth_line(spec.floor_bytes, tl.floor_us)
+        if kind == "first":
+            return render("first", **v, device=facts, variation=_FIRST_HINTS[variant % len(_FIRST_HINTS)])
+        assert parent is not None and parent.result is not None
+        res, code = parent.result, parent.future.result().source.strip()
+        lineage = self._lineage(spec, parent)
+        if kind == "repair-build":
+            built = res.status is Status.BUILD_ERROR
+            return render("repair-build", **v, code=code, lineage=lineage,
+                          stage="by the compiler" if built else "before building, by the static checks",
+                          what="The compiler said" if built else "The checks said",
+                          log=clean_log(res.build_log or res.message))
+        if kind == "repair-wrong":
+            return render("repair-wrong", **v, code=code, lineage=lineage, status=res.status.value,
+                          summary=measured_numbers(clean_log(res.message) or "no detail"))
+        t = res.timing.median_us if res.timing else None
+        floor = tl.floor_us
+        best = f"{measured(f'{tl.best[0]:.2f}')} us" if tl.best else "this one"
+        if tl.best and tl.best[1].source.strip() != code:
+            best += f":\n\n```{v['lang']}\n{tl.best[1].source.strip()}\n```"
+        return render("optimize", **v, code=code, lineage=lineage, device=facts, best=best,
+                      time_us=measured(f"{t:.2f}" if t else "?"),
+                      eager_us=measured(f"{tl.eager_us:.2f}" if tl.eager_us else "?"),
+                      floor_us=measured(f"{floor:.2f}" if floor else "?"),
+                      percent=measured(f"{100 * floor / t:.0f}" if floor and t else "?"),
+                      variation=_OPT_HINTS[variant % len(_OPT_HINTS)])
+
+    def _lineage(self, spec: TaskSpec, parent: _Node) -> str:
+        """Recent attempts with outcomes, and the parent's failed children marked "do not repeat"."""
+        lines = ["Recent attempts on this task (newest last):", *self._log(spec).attempts[-6:]]
+        failed = [self._nodes[c] for c in parent.children
+                  if self._nodes[c].result is not None and not self._nodes[c].result.status.passed]
+        if failed:
+            lines += ["", "Earlier answers to this same request failed; do not repeat them:"]
+            lines += [f"- #{n.idea.id}: {_outcome(n.result)}" + (f" (approach: {n.summary})" if n.summary else "")
+                      for n in failed if n.result is not None]
+        return "\n".join(lines)
+
+    # -- mixing with recipes ------------------------------------------------------------------------
+    def tunes(self, spec: TaskSpec, node: _Node) -> list[Idea]:
+        """Knob changes of a correct kernel (doubled/halved FORGE_KNOB_ constants, fast-math)."""
+        tl = self._log(spec)
+        out = []
+        for note, cand in variants(node.future.result()):
+            if cand.digest not in tl.digests:
+                tl.digests.add(cand.digest)
+                done: Future[Candidate] = Future()
+                done.set_result(cand)
+                out.append(self._new("tune", node, done, note))
+        return out
+
+    def seeded(self, spec: TaskSpec, cand: Candidate, res: EvalResult) -> list[Idea]:
+        """Optimize requests that start from a kernel written elsewhere (the recipes' best)."""
+        done: Future[Candidate] = Future()
+        done.set_result(cand)
+        seed = self._nodes[self._new("seed", None, done).id]
+        seed.result = res
+        return [self._ask(spec, "optimize", seed, i) for i in range(self.config.optimize)]
+
+
+class MixedPolicy(Policy):
+    """Recipes seed the tree and tune LLM kernels' knobs; the LLM expands from the recipes' best."""
+
+    def __init__(self, recipes: RecipePolicy, llm: LLMPolicy) -> None:
+        self.recipes = recipes
+        self.llm = llm
+        self.name = f"recipes+{llm.name}"
+        self._seen: dict[tuple[str, Any], tuple[Candidate, EvalResult]] = {}
+        self._best: dict[str, tuple[float, Any]] = {}
+        self._seeded: set[tuple[str, Any]] = set()
+
+    def bind(self, store: Store, run_id: str) -> None:
+        """See LLMPolicy.bind."""
+        self.llm.bind(store, run_id)
+
+    def stop_reason(self) -> str | None:
+        """See LLMPolicy.stop_reason."""
+        return self.llm.stop_reason()
+
+    def close(self) -> None:
+        """See LLMPolicy.close."""
+        self.llm.close()
+
+    def mine(self, spec: TaskSpec) -> str | None:
+        """Mine if either policy's."""
+        a, b = self.recipes.mine(spec), self.llm.mine(spec)
+        return None if a is None or b is None else f"{a}; {b}"
+
+    def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None = None) -> list[Any]:
+        """Root: recipe schedules interleaved with first attempts; below the recipes' best: LLM optimize."""
+        if isinstance(parent, Idea):
+            return self.llm.propose(spec, parent, feedback)
+        if self.llm.stop_reason():
+            return []
+        ours = self.recipes.propose(spec, parent, feedback) if self.recipes.mine(spec) is None else []
+        if parent is None:
+            theirs = self.llm.propose(spec, None, feedback)
+            return [p for pair in itertools.zip_longest(ours, theirs) for p in pair if p is not None]
+        key = (spec.key, parent)
+        best = self._best.get(spec.key)
+        if key in self._seen and key not in self._seeded and best is not None and best[1] == parent:
+            self._seeded.add(key)
+            ours = self.llm.seeded(spec, *self._seen[key]) + ours
+        return ours
+
+    def payload_of(self, spec: TaskSpec, knobs: dict[str, Any]) -> Any:
+        """For --resume: recipe nodes come back; LLM nodes keep their stored source (ValueError)."""
+        if {"id", "kind"} <= set(knobs):
+            raise ValueError("an LLM node is not re-created on resume")
+        return self.recipes.payload_of(spec, knobs)
+
+    def render(self, spec: TaskSpec, payload: Any) -> Candidate:
+        """From whichever policy proposed it."""
+        return self.llm.render(spec, payload) if isinstance(payload, Idea) else self.recipes.render(spec, payload)
+
+    def observe(self, spec: TaskSpec, payload: Any, cand: Candidate, res: EvalResult) -> None:
+        """Both kinds go into the LLM's lineage; the recipes' best is remembered for seeding."""
+        self.llm.observe(spec, payload, cand, res)
+        if not isinstance(payload, Idea):
+            self._seen[(spec.key, payload)] = (cand, res)
+            t = res.timing.median_us if res.status.passed and res.timing else None
+            if t is not None and (spec.key not in self._best or t < self._best[spec.key][0]):
+                self._best[spec.key] = (t, payload)
+
+
+def _outcome(res: EvalResult | None) -> str:
+    if res is None:
+        return "not evaluated"
+    if res.status.passed and res.timing:
+        return f"ok, {measured(f'{res.timing.median_us:.2f}')} us" + (
+            f" ({measured(f'{res.speedup:.2f}')}x eager)" if res.speedup else "")
+    first = clean_log(res.message).splitlines()[0][:200] if res.message.strip() else ""
+    return f"{res.status.value}: {measured_numbers(first)}"
+
+
+
+def clean_log(text: str, limit: int = 4000) -> str:
+    """A build log as the model sees it: no command line, build folders cut to the file name, the tail."""
+    lines = [ln for ln in text.splitlines() if not ln.startswith("$ ")]
+    return re.sub(r"(?:/[^\s:]+)?/(kernel\.\w+)", r"\1", "\n".join(lines)).strip()[-limit:]

@@ -1,0 +1,268 @@
+"""Graph to C expressions: the lowering every recipe shares (CPU C and CUDA alike).
+
+The task's reference source is traced (make_fx, meta tensors) back into an ATen graph. Every value is
+evaluated at a symbolic flat index of its own shape (forge.policy.recipes.index): views keep the index, `expand`
+and broadcasting map it to the operand's smaller shape, `permute`, `slice` and `select` remap it, inputs
+are loaded through their real strides. All arithmetic is in float (double for float64 tasks) and each
+output is rounded once to its dtype. What cannot be expressed raises `NotMine` with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from forge.capture.export import TensorMeta, contiguous_stride
+from forge.kernel import TaskSpec
+from forge.policy.recipes.index import Expr, IndexError_, Simplifier, cexpr, flatten, unflatten
+from forge.tasks.cut import compile_source
+
+
+class NotMine(Exception):
+    """The recipe cannot express this task (the message says why)."""
+
+
+VIEWS = {"view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "alias", "clone", "contiguous",
+          "lift_fresh_copy", "detach"}
+FLOAT_TYPES = {torch.float32: "float", torch.float16: "forge_half", torch.bfloat16: "uint16_t",
+                torch.float64: "double", torch.bool: "uint8_t", torch.uint8: "uint8_t"}
+
+_UNARY = {
+    "exp": "forge_expf({a})", "log": "logf({a})", "sqrt": "sqrtf({a})", "rsqrt": "(1.0f / sqrtf({a}))",
+    "sigmoid": "forge_sigmoidf({a})", "tanh": "forge_tanhf({a})", "neg": "(-{a})", "abs": "fabsf({a})",
+    "relu": "({a} > 0.0f ? {a} : 0.0f)", "erf": "erff({a})", "log1p": "log1pf({a})", "expm1": "expm1f({a})",
+    "reciprocal": "(1.0f / {a})", "sin": "sinf({a})", "cos": "cosf({a})", "silu": "({a} * forge_sigmoidf({a}))",
+    "logical_not": "({a} == 0.0f ? 1.0f : 0.0f)", "bitwise_not": "({a} == 0.0f ? 1.0f : 0.0f)",
+    "floor": "floorf({a})", "ceil": "ceilf({a})", "sign": "(({a} > 0.0f) - ({a} < 0.0f))",
+    "exp2": "exp2f({a})", "log2": "log2f({a})", "isnan": "({a} != {a} ? 1.0f : 0.0f)",
+}
+_BINARY = {"mul": "({a} * {b})", "div": "({a} / {b})", "maximum": "fmaxf({a}, {b})",
+           "minimum": "fminf({a}, {b})", "pow": "powf({a}, {b})", "atan2": "atan2f({a}, {b})",
+           "eq": "({a} == {b} ? 1.0f : 0.0f)", "ne": "({a} != {b} ? 1.0f : 0.0f)",
+           "lt": "({a} < {b} ? 1.0f : 0.0f)", "le": "({a} <= {b} ? 1.0f : 0.0f)",
+           "gt": "({a} > {b} ? 1.0f : 0.0f)", "ge": "({a} >= {b} ? 1.0f : 0.0f)",
+           "logical_and": "(({a} != 0.0f && {b} != 0.0f) ? 1.0f : 0.0f)",
+           "logical_or": "(({a} != 0.0f || {b} != 0.0f) ? 1.0f : 0.0f)",
+           "bitwise_and": "(({a} != 0.0f && {b} != 0.0f) ? 1.0f : 0.0f)",
+           "bitwise_or": "(({a} != 0.0f || {b} != 0.0f) ? 1.0f : 0.0f)"}
+
+
+def lit(x: Any) -> str:
+    if isinstance(x, bool):
+        return "1.0f" if x else "0.0f"
+    if isinstance(x, (int, float)):
+        if math.isinf(x):
+            return "INFINITY" if x > 0 else "(-INFINITY)"
+        if math.isnan(x):
+            return "NAN"
+        return f"{float(x)!r}f"
+    raise NotMine(f"unsupported scalar argument {x!r}")
+
+
+def shape_of(n: torch.fx.Node) -> tuple[int, ...]:
+    return tuple(int(s) for s in n.meta["val"].shape)
+
+
+def to_float(raw: str, dtype: torch.dtype) -> str:
+    """A stored element as float."""
+    return {torch.bfloat16: f"bf2f({raw})", torch.float16: f"h2f({raw})"}.get(dtype, f"(float){raw}")
+
+
+def from_float(v: str, dtype: torch.dtype) -> str:
+    """A float value as an element of `dtype` (rounded once)."""
+    return {torch.bfloat16: f"f2bf({v})", torch.float16: f"f2h({v})", torch.bool: f"(uint8_t)({v} != 0.0f)"}.get(
+        dtype, f"({FLOAT_TYPES[dtype]})({v})")
+
+
+class Emitter:
+    """Turns the traced graph into statements of one loop body, memoised per (node, index).
+
+    Indices are sympy expressions in the loop variables (forge.policy.recipes.index); input loads are
+    simplified with the loop ranges and recorded in `loads`.
+    """
+
+    def __init__(self, inputs: dict[torch.fx.Node, int], metas: tuple[TensorMeta, ...], simplify: Simplifier,
+                 prefix: str = "t", special: dict[torch.fx.Node, Any] | None = None) -> None:
+        self.inputs, self.metas, self.prefix, self.simplify = inputs, metas, prefix, simplify
+        self.special = special or {}  # node -> function(idx) giving its expression (a reduction's result)
+        self.lines: list[str] = []
+        self.memo: dict[tuple[torch.fx.Node, Expr], str] = {}
+        self.loads: list[Expr] = []
+        self.load_hook: Any = None  # (input index, offset) -> raw element expression, or None: a plain load
+
+    def value(self, node: Any, idx: Expr) -> str:
+        """A C expression for `node` at flat index `idx` of the node's own shape."""
+        if not isinstance(node, torch.fx.Node):
+            return lit(node)
+        if node in self.special:
+            return self.special[node](idx)
+        idx = self.simplify(idx)
+        key = (node, idx)
+        if key not in self.memo:
+            expr = self._compute(node, idx)
+            name = f"{self.prefix}{len(self.memo)}"
+            self.lines.append(f"const float {name} = {expr};")
+            self.memo[key] = name
+        return self.memo[key]
+
+    def _operand(self, node: Any, idx: Expr, out_shape: tuple[int, ...]) -> str:
+        """`node` broadcast (right-aligned) to `out_shape`, at flat index `idx` of that shape."""
+        if not isinstance(node, torch.fx.Node):
+            return lit(node)
+        shape = shape_of(node)
+        if shape == out_shape:
+            return self.value(node, idx)
+        if math.prod(shape) == 1:
+            return self.value(node, sympy.Integer(0))
+        dims = unflatten(idx, out_shape)[len(out_shape) - len(shape):]
+        return self.value(node, flatten(dims, shape))
+
+    def _compute(self, n: torch.fx.Node, idx: Expr) -> str:
+        if n.op == "placeholder":
+            i = self.inputs[n]
+            m = self.metas[i]
+            off = idx if m.stride == contiguous_stride(m.shape) else flatten(unflatten(idx, m.shape), m.shape,
+                                                                               m.stride)
+            off = self.simplify(off)
+            self.loads.append(off)
+            try:
+                raw = self.load_hook(i, off) if self.load_hook else None
+                raw = raw or f"in{i}_p[{cexpr(off)}]"  # restrict pointers declared once per kernel (pointers())
+            except IndexError_ as e:
+                raise NotMine(str(e)) from e
+            return to_float(raw, m.torch_dtype)
+        name = n.target.overloadpacket.__name__ if isinstance(n.target, torch._ops.OpOverload) else ""
+        args, kw = n.args, n.kwargs
+        if n.target is operator.getitem:
+            if args[1] != 0:
+                raise NotMine("uses a secondary output of a multi-output op")
+            return self.value(args[0], idx)
+        out = shape_of(n) if isinstance(n.meta["val"], torch.Tensor) else shape_of(args[0])  # tuple: first input
+        if name in VIEWS:
+            return self.value(args[0], idx)
+        if name == "expand":
+            return self._operand(args[0], idx, out)
+        if name == "permute":
+            src = shape_of(args[0])
+            dims = unflatten(idx, out)
+            pos = [0] * len(src)
+            for o, p in enumerate(args[1]):
+                pos[p % len(src)] = o
+            return self.value(args[0], flatten([dims[pos[d]] for d in range(len(src))], src))
+        if name in ("slice", "select"):
+            src = shape_of(args[0])
+            dim = args[1] % len(src)
+            dims = unflatten(idx, out)
+            if name == "select":
+                dims.insert(dim, sympy.Integer(args[2] % src[dim]))
+            else:
+                start = 0 if len(args) < 3 or args[2] is None else args[2]
+                start = start + src[dim] if start < 0 else min(start, src[dim])
+                step = args[4] if len(args) > 4 else 1
+                dims[dim] = start + dims[dim] * step
+            return self.value(args[0], flatten(dims, src))
+        if name in ("scalar_tensor", "full"):
+            return lit(args[0] if name == "scalar_tensor" else args[1])
+        if name == "_to_copy":
+            dtype = kw.get("dtype")
+            a = self.value(args[0], idx)
+            if dtype == torch.bfloat16:
+                return f"round_bf16({a})"
+            if dtype == torch.float16:
+                return f"round_f16({a})"
+            if dtype == torch.bool:
+                return f"({a} != 0.0f ? 1.0f : 0.0f)"
+            if dtype in (torch.float32, torch.float64, None):
+                return a
+            raise NotMine(f"casts to {dtype}")
+        if name in ("add", "sub", "rsub"):
+            a, b = (self._operand(x, idx, out) for x in args[:2])
+            alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
+            b = b if alpha == 1 else f"({lit(alpha)} * {b})"
+            return {"add": f"({a} + {b})", "sub": f"({a} - {b})", "rsub": f"({b} - {a})"}[name]
+        if name in _BINARY:
+            if name == "div" and kw.get("rounding_mode"):
+                raise NotMine("integer division")
+            if name == "pow" and not isinstance(args[1], torch.fx.Node):
+                return self._power(self.value(args[0], idx), float(args[1]))
+            a, b = (self._operand(x, idx, out) for x in args[:2])
+            return _BINARY[name].format(a=a, b=b)
+        if name == "where":
+            c, a, b = (self._operand(x, idx, out) for x in args[:3])
+            return f"({c} != 0.0f ? {a} : {b})"
+        if name in _UNARY:
+            return _UNARY[name].format(a=self.value(args[0], idx))
+        return self._special(n, name, idx, out)
+
+    def _power(self, a: str, e: float) -> str:
+        return {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 1.0: a, 0.5: f"sqrtf({a})",
+                -0.5: f"(1.0f / sqrtf({a}))", -1.0: f"(1.0f / {a})"}.get(e, f"powf({a}, {lit(e)})")
+
+    def _special(self, n: torch.fx.Node, name: str, idx: Expr, out: tuple[int, ...]) -> str:
+        args, kw = n.args, n.kwargs
+        if name == "gelu":
+            a = self.value(args[0], idx)
+            if kw.get("approximate", "none") == "tanh":
+                return (f"(0.5f * {a} * (1.0f + forge_tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * "
+                        f"{a}))))")
+            return f"(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))"
+        if name in ("clamp", "hardtanh", "clamp_min", "clamp_max"):
+            a = self.value(args[0], idx)
+
+            def arg(i: int, key: str, default: Any) -> Any:  # positional, keyword, or the op's default
+                return args[i] if len(args) > i else kw.get(key, default)
+
+            lo, hi = {"hardtanh": lambda: (arg(1, "min_val", -1.0), arg(2, "max_val", 1.0)),
+                      "clamp": lambda: (arg(1, "min", None), arg(2, "max", None)),
+                      "clamp_min": lambda: (arg(1, "min", None), None),
+                      "clamp_max": lambda: (None, arg(1, "max", None))}[name]()
+            if isinstance(lo, torch.fx.Node) or isinstance(hi, torch.fx.Node):
+                raise NotMine("tensor clamp bounds")
+            expr = a if lo is None else f"forge_max({a}, {lit(lo)})"
+            return expr if hi is None else f"forge_min({expr}, {lit(hi)})"
+        if name == "leaky_relu":
+            a = self.value(args[0], idx)
+            return f"({a} > 0.0f ? {a} : {lit(args[1] if len(args) > 1 else 0.01)} * {a})"
+        if name == "_native_batch_norm_legit_no_training":
+            x, w, b, mean, var = args[:5]
+            eps = args[6]
+            c = unflatten(idx, out)[1] if len(out) > 1 else sympy.Integer(0)
+            xv = self.value(x, idx)
+            mv, vv = self.value(mean, c), self.value(var, c)
+            wv = self.value(w, c) if w is not None else "1.0f"
+            bv = self.value(b, c) if b is not None else "0.0f"
+            return f"(({xv} - {mv}) * (1.0f / sqrtf({vv} + {lit(eps)})) * {wv} + {bv})"
+        raise NotMine(f"no recipe for aten.{name}")
+
+
+def trace_task(spec: TaskSpec) -> torch.fx.GraphModule:
+    """The task's reference traced back to an ATen graph on meta tensors; NotMine if it cannot be. Traced
+    once per source and inputs (the recipes only read the graph): every rendering of a task needs it."""
+    return _trace(spec.source, spec.inputs)
+
+
+@functools.lru_cache(maxsize=64)
+def _trace(source: str, inputs: tuple[TensorMeta, ...]) -> torch.fx.GraphModule:
+    fake = [torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device="meta") for m in inputs]
+    fn = compile_source(source)
+    try:
+        return make_fx(lambda *args: fn(*args))(*fake)  # the lambda hides region's optional `device`
+    except Exception as e:
+        raise NotMine(f"cannot trace the task: {type(e).__name__}: {str(e)[:100]}") from e
+
+
+def guard_checks(inputs: tuple[TensorMeta, ...]) -> str:
+    """The launcher's C condition that is true when the inputs are not the ranks, shapes and strides the
+    kernel was generated for (strides of size-1 dimensions do not matter)."""
+    checks = [f"in[{i}].ndim != {len(m.shape)}" for i, m in enumerate(inputs)]
+    checks += [f"in[{i}].shape[{d}] != {s}" for i, m in enumerate(inputs) for d, s in enumerate(m.shape)]
+    checks += [f"in[{i}].stride[{d}] != {s}" for i, m in enumerate(inputs) for d, s in enumerate(m.stride)
+               if m.shape[d] > 1]
+    return " || ".join(checks) or "0"

@@ -1,0 +1,203 @@
+"""The offline recipe policy (the default): its payloads are schedule knobs of forge's code generators
+(forge.policy.recipes): the root gets a few diverse schedules, a node gets its one-knob mutations. For tasks no
+recipe can express (matmul, convolution, gathers) it says "not mine": no proposals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from forge.kernel import Candidate, Feedback, TaskSpec
+from forge.policy.base import Policy
+from forge.policy.recipes import cuda, pointwise, rowreduce
+from forge.policy.recipes.pointwise import NotMine
+
+log = logging.getLogger(__name__)
+
+
+# Values each knob may take; the first is the default.
+_SPACES: dict[type, dict[str, tuple[Any, ...]]] = {
+    pointwise.Knobs: {"chunk": (0, 4096, 65536), "simd": (True, False), "unroll": (1, 4, 16),
+                      "fast_math": (False, True)},
+    cuda.CudaKnobs: {"threads": (256, 128, 512), "vec": (8, 4, 16), "blocks": (0, 1056, 4224),
+                     "fast_math": (False, True)},
+    cuda.CudaRowKnobs: {"threads": (256, 128, 512, 1024), "cluster": (1, 2, 4, 8, 16), "vec": (8, 4),
+                        "cache": (True, False), "fast_math": (False, True), "warp_rows": (False, True),
+                        "smem": (False, True)},
+    rowreduce.RowKnobs: {"online": (True, False), "welford": (False, True), "simd": (True, False),
+                         "chunk": (0, 1, 8), "fast_math": (False, True)},
+}
+
+
+@dataclass
+class _Lowered:
+    kind: str  # "pointwise" | "rows"
+    low: Any
+
+
+class RecipePolicy(Policy):
+    """Offline code generation from the task's graph, exploring the generator's schedule knobs."""
+
+    name = "recipes"
+
+    def __init__(self, device: str = "cpu", sms: int | None = None) -> None:
+        """`sms`: the GPU's multiprocessor count the row schedules fill (default: the device's, asked of
+        torch; an H200's 132 where no GPU is visible, as when CUDA candidates are rendered on a CPU host)."""
+        self.device = device
+        self.sms = sms or _sm_count(device)
+        self._lowered: dict[str, _Lowered | NotMine] = {}
+        self._proposed: dict[str, set[Any]] = {}
+        self._sources: dict[tuple[str, Any], Candidate | None] = {}
+        self._codes: dict[str, set[str]] = {}  # per task: the kernels proposed, by code (knob comment aside)
+
+    def lowered(self, spec: TaskSpec) -> _Lowered:
+        """The task lowered by the first recipe that takes it; raises NotMine with every reason."""
+        if spec.key not in self._lowered:
+            reasons = []
+            for kind, mod in (("pointwise", pointwise), ("rows", rowreduce)):
+                try:
+                    self._lowered[spec.key] = _Lowered(kind, mod.lower(spec))
+                    break
+                except NotMine as e:
+                    reasons.append(f"{kind}: {e}")
+            else:
+                self._lowered[spec.key] = NotMine("; ".join(reasons))
+        got = self._lowered[spec.key]
+        if isinstance(got, NotMine):
+            raise got
+        return got
+
+    @property
+    def gpu(self) -> bool:
+        """True when the policy writes CUDA (device cuda[:N])."""
+        return self.device.startswith("cuda")
+
+    def knob_class(self, spec: TaskSpec) -> type:
+        """The knobs dataclass of the task's recipe on this device."""
+        kind = self.lowered(spec).kind
+        if self.gpu:
+            return cuda.CudaKnobs if kind == "pointwise" else cuda.CudaRowKnobs
+        return pointwise.Knobs if kind == "pointwise" else rowreduce.RowKnobs
+
+    def mine(self, spec: TaskSpec) -> str | None:
+        """None if a recipe can express the task, else why not."""
+        try:
+            self.lowered(spec)
+        except NotMine as e:
+            return str(e)
+        return None
+
+    def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None = None) -> list[Any]:
+        """Root: the default schedule and a few diverse ones; a node: its one-knob mutations."""
+        if self.mine(spec) is not None:
+            return []
+        cls = self.knob_class(spec)
+        space = _relevant(_SPACES[cls], cls, self.lowered(spec))
+        seen = self._proposed.setdefault(spec.key, set())
+        if parent is None and cls is cuda.CudaRowKnobs:
+            ideas = _row_seeds(self.lowered(spec).low, self.sms)
+        elif parent is None:
+            combos = list(itertools.product(*space.values()))
+            picks = [combos[0]] + combos[1::max(1, len(combos) // 5)]
+            ideas = [cls(**dict(zip(space, c, strict=True))) for c in picks]
+        else:
+            ideas = [dataclasses.replace(parent, **{k: v}) for k, vals in space.items() for v in vals
+                     if getattr(parent, k) != v]
+        codes = self._codes.setdefault(spec.key, set())
+        fresh = []
+        for idea in dict.fromkeys(ideas):
+            if idea in seen:
+                continue
+            seen.add(idea)
+            cand = self._render(spec, idea)
+            if cand is None:  # a combination the generator refuses
+                continue
+            code = _code_key(cand)
+            if code in codes:  # knobs that do not change this task's kernel: the same code, timed already
+                continue
+            codes.add(code)
+            fresh.append(idea)
+        return fresh
+
+    def payload_of(self, spec: TaskSpec, knobs: dict[str, Any]) -> Any:
+        """The knobs dataclass of stored knobs (the inverse of storing it): how --resume rebuilds a tree."""
+        return self.knob_class(spec)(**knobs)
+
+    def _render(self, spec: TaskSpec, knobs: Any) -> Candidate | None:
+        """The candidate for these knobs, rendered once (None: a combination the generator refuses)."""
+        key = (spec.key, knobs)
+        if key not in self._sources:
+            low = self.lowered(spec)
+            try:
+                if self.gpu:
+                    self._sources[key] = cuda.candidate(spec, knobs, low.low)
+                elif low.kind == "pointwise":
+                    self._sources[key] = pointwise.candidate(low.low, knobs)
+                else:
+                    self._sources[key] = rowreduce.candidate(low.low, knobs)
+            except NotMine as e:
+                log.debug("no kernel for %s: %s", knobs, e)
+                self._sources[key] = None
+        return self._sources[key]
+
+    def render(self, spec: TaskSpec, payload: Any) -> Candidate:
+        """The C (cpu) or CUDA source for these knobs."""
+        cand = self._render(spec, payload)
+        if cand is None:
+            raise NotMine(f"no {'CUDA' if self.gpu else 'C'} kernel for {payload}")
+        return cand
+
+
+def _code_key(cand: Candidate) -> str:
+    """The candidate's code and flags without the generator's comment (which names the knobs)."""
+    body = "\n".join(line for line in cand.source.splitlines() if not line.startswith("// forge recipe"))
+    return hashlib.sha256((body + "\0" + " ".join(cand.flags)).encode()).hexdigest()
+
+
+def _relevant(space: dict[str, tuple[Any, ...]], cls: type, low: _Lowered) -> dict[str, tuple[Any, ...]]:
+    """The knobs that change the kernel of this op: mutating the others would only re-time the same code."""
+    if cls is not rowreduce.RowKnobs:
+        return space
+    softmax = low.low.op in ("_softmax", "_log_softmax", "logsumexp")
+    variance = low.low.op in ("native_layer_norm", "native_group_norm", "var")
+    drop = {"welford"} if softmax else {"online"} if variance else {"online", "welford"}
+    return {k: v for k, v in space.items() if k not in drop}
+
+
+def _sm_count(device: str) -> int:
+    """The multiprocessor count of a CUDA device, or 132 (an H200's) when none is visible here."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def _row_seeds(low: rowreduce.RowLowered, sms: int) -> list[cuda.CudaRowKnobs]:
+    """First CUDA row schedules: enough blocks to fill the GPU, each thread's part of the row in registers
+    (at most 32 elements), few idle threads; then the same without the register cache."""
+    scored = []
+    for threads, cluster in itertools.product((128, 256, 512, 1024), (1, 2, 4, 8)):
+        if low.length % cluster:
+            continue
+        chunk = low.length // cluster
+        per_thread = -(-chunk // threads)
+        idle = threads * max(per_thread, 1) / chunk - 1  # threads without work, as a fraction
+        fills = low.rows * cluster >= sms
+        if per_thread > 32 or (cluster > 1 and low.rows >= 2 * sms):
+            continue
+        scored.append(((not fills, idle > 0.25, cluster, abs(per_thread - 8)), cuda.CudaRowKnobs(threads, cluster)))
+    seeds = [k for _, k in sorted(scored, key=lambda x: x[0])[:4]]
+    if low.length <= 32 * 64:  # short rows: a warp each, the row in its registers
+        seeds += [cuda.CudaRowKnobs(256, warp_rows=True), cuda.CudaRowKnobs(128, warp_rows=True, vec=4)]
+    if low.rows < sms:  # few long rows: a cluster per row, its part of the row in shared memory
+        seeds += [cuda.CudaRowKnobs(t, c, smem=True, fast_math=True) for t, c in ((256, 8), (256, 16), (512, 16))]
+    # and one that always applies: the row re-read from memory (L2) instead of kept on chip
+    cluster = next(c for c in (16, 8, 4, 2, 1) if low.length % c == 0) if low.rows < sms else 1
+    return seeds + [cuda.CudaRowKnobs(threads=512 if cluster > 1 else 256, cluster=cluster, cache=False,
+                                      fast_math=True)]

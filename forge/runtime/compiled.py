@@ -1,0 +1,85 @@
+"""forge with torch.compile: forge's kernels where they beat Inductor's, Inductor for the rest.
+
+`against_inductor` times each kernel of a run next to Inductor's compilation of the same region (the
+task's reference source through `torch.compile`), in this process, on the same inputs, interleaved call by
+call with a cache flush before each (forge's clock). `compile_with` applies the kernels that won and
+compiles the patched model: under torch.compile each kernel is the opaque op `forge::kernel` (see
+forge.runtime.dispatch), so Inductor compiles everything around it in one graph. Inductor may lay tensors out
+otherwise than eager (channels-last around convolutions): a kernel whose guards then fail is dropped and
+the model compiled again without it.
+
+A region compiled alone is not quite what Inductor does with it inside the whole model (it may fuse the
+region with its neighbours there), so the choice is per region, and the end-to-end time against plain
+torch.compile is what decides whether the mix pays (benchmarks/models.py measures it).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from forge.bench import BenchConfig, Clock, interleaved
+from forge.evaluate.verify import generator, make_input
+from forge.runtime.dispatch import GuardedKernel, KernelArtifact, OptimizedModule, apply
+from forge.tasks.cut import compile_source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Duel:
+    """One region: forge's kernel against Inductor's."""
+
+    key: str
+    forge_us: float
+    inductor_us: float
+    error: str = ""  # why forge's kernel could not be timed (then it is not kept)
+
+    @property
+    def forge_wins(self) -> bool:
+        return not self.error and self.forge_us < self.inductor_us
+
+
+def against_inductor(kernels: list[KernelArtifact], device: str, mode: str | None = None,
+                     bench: BenchConfig | None = None) -> list[Duel]:
+    """Each kernel timed beside `torch.compile(mode=mode)` of its region."""
+    clock, cfg = Clock(device), bench or BenchConfig(warmup_s=0.05, budget_s=0.3)
+    duels = []
+    for i, k in enumerate(kernels):
+        if not k.source:
+            raise ValueError(f"kernel {k.key} has no reference source: read the artifact with the model "
+                             "(forge.runtime.artifact.read(path, model, inputs))")
+        gen = generator(device, 1000 + i)
+        xs = [make_input(m, 0, gen, device) for m in k.inputs]
+        ours = GuardedKernel(k, strict=True)
+        theirs = torch.compile(compile_source(k.source), mode=mode, dynamic=False)
+        try:
+            with torch.no_grad():
+                t_ours, t_theirs = interleaved(clock, [lambda o=ours, a=xs: o(*a), lambda t=theirs, a=xs: t(*a)], cfg)
+        except Exception as e:  # noqa: BLE001 - a kernel that cannot run here is simply not kept
+            log.warning("forge kernel %s not timed against Inductor: %s", k.key, e)
+            duels.append(Duel(k.key, float("nan"), float("nan"), str(e)[:200]))
+            continue
+        duels.append(Duel(k.key, t_ours.median_us, t_theirs.median_us))
+        log.info("%s: forge %.1f us, Inductor %.1f us", k.key, t_ours.median_us, t_theirs.median_us)
+    return duels
+
+
+def compile_with(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], duels: list[Duel],
+                 **compile_kw: Any) -> tuple[Any, OptimizedModule]:
+    """torch.compile of `model` with the kernels that beat Inductor in place; (compiled, patched module)."""
+    won = {d.key for d in duels if d.forge_wins}
+    patched = apply(model, inputs, [k for k in kernels if k.key in won])
+    compiled = torch.compile(patched, **compile_kw)
+    with torch.no_grad():
+        compiled(*inputs)  # compiles, and shows which kernels Inductor's layouts leave unused
+    unused = {k for k, c in patched.counters().items() if c.fallbacks}
+    if unused:
+        log.warning("%d forge kernels fall back under torch.compile (%s): compiling without them", len(unused),
+                    ", ".join(sorted({why for c in patched.counters().values() for why in c.fallbacks})))
+        patched = apply(model, inputs, [k for k in kernels if k.key in won - unused])
+        compiled = torch.compile(patched, **compile_kw)
+    return compiled, patched

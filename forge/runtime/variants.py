@@ -1,0 +1,336 @@
+"""Variants of an optimized model, each measured end to end; the fastest one is forge's result.
+
+A variant is which found kernels it uses (all, or none), which whole-graph rewrites it applies
+(forge.runtime.rewrites) and how the forward runs (RUNTIMES):
+- `graph`: the patched ATen graph run op by op from Python;
+- `cuda-graph`: the same forward captured once as a CUDA graph and replayed (forge.runtime.dispatch.GraphReplay);
+- `inductor`: the patched, rewritten graph compiled by torch.compile (forge's kernels are the opaque op
+  `forge::kernel` in it); with no kernels and no rewrites, the user's model itself ("model, inductor":
+  exactly what torch.compile(model) gives, so forge's result is never a worse compile than that);
+- `inductor-cuda-graph`: the same with `mode="reduce-overhead"` (Inductor's CUDA graphs).
+
+`choose` decides greedily, every variant measured on the whole forward against eager (interleaved in this
+process, outputs compared on fresh inputs), two chains: without the found kernels and with them. Each
+starts on the runtime without compilation (a CUDA graph on CUDA); each rewrite that applies is added and
+kept only if the forward got faster by more than the timing noise, outputs matching; one that is not kept
+is tried again together with the rewrites that make its sites (`Rewrite.after`: cuDNN's fused ReLU needs
+the BatchNorm folded first, and folding alone may not pay) where the chain did not keep those. Then, when allowed and
+time is left, the end of each chain is compiled by Inductor, the chain without kernels first, with the
+rewrites that pay only compiled (`Rewrite.pays_compiled`: attention as GEMMs around a softmax, whose
+passes Inductor fuses) added where they applied; then the chain ends without them, time permitting.
+A compiled variant whose kernels fell back to eager (Inductor handed them another layout than the one
+they were verified for, as it does the SD3.5 VAE's GroupNorms) is not what it says and fails; it is tried
+again without those kernels (`Variant.without`, "kernels (less N)"), as long as any are left and time
+permits.
+Variants are compared by their own times, not by their ratios to eager: a launch-bound eager forward varies
+far more between measurements (4.3 to 7.5 ms for ResNet-50 bf16 on an H200, in one run) than a replayed
+graph does. A variant that fails to build or run is recorded with its error and not kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from forge.capture.export import Capture, capture
+from forge.runtime.dispatch import KernelArtifact, OptimizedModule, _views_to_reshapes, apply
+from forge.runtime.endtoend import fresh_inputs, interleaved_ms, outputs_match
+from forge.runtime.rewrites import REWRITES, parse, rewrite
+
+log = logging.getLogger(__name__)
+
+RUNTIMES = ("graph", "cuda-graph", "inductor", "inductor-cuda-graph")
+GAIN = 0.99  # a step is kept when it takes the forward under 99% of the best time so far (noise is ~0.5%)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a result is made of: found kernels or not, rewrites, runtime."""
+
+    kernels: bool = True
+    rewrites: tuple[str, ...] = ()
+    runtime: str = "graph"
+    without: tuple[str, ...] = ()  # task keys of found kernels left out (they fell back under Inductor)
+
+    def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"Invalid runtime {self.runtime!r}: choose from {', '.join(RUNTIMES)}")
+        object.__setattr__(self, "rewrites", parse(self.rewrites))
+        object.__setattr__(self, "without", tuple(sorted(self.without)))
+
+    @property
+    def own_model(self) -> bool:
+        """Inductor with nothing of forge's: the user's model itself is compiled (what torch.compile does)."""
+        return not self.kernels and not self.rewrites and self.runtime.startswith("inductor")
+
+    @property
+    def name(self) -> str:
+        """Human-readable, e.g. 'kernels + fold-bn + channels-last, cuda-graph' or 'model, inductor'."""
+        kernels = f"kernels (less {len(self.without)})" if self.without else "kernels"
+        parts = ([kernels] if self.kernels else []) + list(self.rewrites)
+        return f"{' + '.join(parts) or ('model' if self.own_model else 'eager graph')}, {self.runtime}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form."""
+        return {"kernels": self.kernels, "rewrites": list(self.rewrites), "runtime": self.runtime,
+                "without": list(self.without), "name": self.name}
+
+    @classmethod
+    def parse(cls, d: dict[str, Any]) -> Variant:
+        """Inverse of to_json; ValueError on a malformed entry."""
+        try:
+            kernels, rewrites, runtime = d["kernels"], tuple(d["rewrites"]), str(d["runtime"])
+            without = tuple(str(k) for k in d.get("without", ()))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"Invalid variant: {d!r}") from e
+        if not isinstance(kernels, bool):
+            raise ValueError(f"Invalid variant (kernels must be true or false): {d!r}")
+        return cls(kernels, rewrites, runtime, without)
+
+
+TRIVIAL = Variant(False, (), "graph")  # the captured graph run as it is: eager by another name
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One variant measured against eager in the same interleaved run."""
+
+    variant: Variant
+    eager_ms: float
+    ms: float
+    match: bool
+    max_rel_err: float
+    peak_mem_ratio: float | None  # peak device memory of a forward over eager's (CUDA only)
+    sites: dict[str, int] = field(default_factory=dict)  # rewrites: sites rewritten
+    error: str = ""
+    fell: tuple[str, ...] = ()  # task keys of kernels that fell back to eager (the variant then failed)
+
+    @property
+    def ratio(self) -> float:
+        """Variant time over eager time (lower is better); inf when it failed."""
+        return self.ms / self.eager_ms if self.ok else float("inf")
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.match and self.ms > 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form."""
+        return {"variant": self.variant.to_json(), "eager_ms": self.eager_ms, "ms": self.ms, "match": self.match,
+                "max_rel_err": self.max_rel_err, "peak_mem_ratio": self.peak_mem_ratio, "sites": self.sites,
+                "error": self.error}
+
+
+def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], variant: Variant,
+          device: str, strict: bool = False, cap: Capture | None = None
+          ) -> tuple[Callable[..., Any], OptimizedModule | None, dict[str, int]]:
+    """The model as `variant`: (callable, the patched module under it or None for the model itself, sites
+    rewritten per rewrite). `cap`: the model's capture on these inputs, when there is one already (see
+    forge.runtime.dispatch.apply)."""
+    if variant.own_model:  # nothing of forge's in it: the model itself, as torch.compile(model) would (the
+        # captured graph, with parameters as inputs, compiled measurably slower than that on some CPU problems)
+        return Compiled(_Call(model), None, variant.runtime == "inductor-cuda-graph"), None, {}
+    used = [k for k in kernels if k.key not in variant.without] if variant.kernels else []
+    opt = apply(model, inputs, used, strict=strict,
+                cuda_graph=variant.runtime == "cuda-graph", cap=cap)
+    sites: dict[str, int] = {}
+    if variant.rewrites:  # rewritten layouts (slices, NHWC) may not take a view: reshapes, then one recompile
+        _views_to_reshapes(opt.gm.graph)
+        sites = rewrite(opt.gm, opt._template, opt._user_slots, variant.rewrites, device)
+    if variant.runtime.startswith("inductor"):
+        return Compiled(opt, opt, variant.runtime == "inductor-cuda-graph"), opt, sites
+    return opt, opt, sites
+
+
+class _Call(torch.nn.Module):
+    """The user's model behind a forward of forge's (which Compiled gives its own code object)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: Any) -> Any:
+        with torch.no_grad():  # inference, as every other variant (and what was measured)
+            return self.model(*inputs)
+
+
+class Compiled(torch.nn.Module):
+    """A module (the patched one, or the model) compiled by torch.compile, called as eager is: with Inductor's
+    CUDA graphs the outputs of a call are overwritten by the next replay, so they are cloned out (as forge's
+    own CUDA graph does). `counters()` are the kernels' of `opt` (they run as the op `forge::kernel` inside
+    the compiled graph; none for the model itself)."""
+
+    def __init__(self, target: torch.nn.Module, opt: OptimizedModule | None, cuda_graphs: bool) -> None:
+        super().__init__()
+        self.opt, self.cuda_graphs = opt, cuda_graphs
+        # A forward of its own: torch.compile caches compilations on the code object, and every
+        # OptimizedModule shares one, so a process that compiled eight of them would hit Dynamo's recompile
+        # limit and run the ninth uncompiled.
+        f = type(target).forward
+        target.forward = types.MethodType(types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__,
+                                                             f.__defaults__, f.__closure__), target)
+        self.target = target
+        self.compiled = torch.compile(target, mode="reduce-overhead" if cuda_graphs else None, dynamic=False)
+
+    def forward(self, *inputs: Any) -> Any:
+        out = self.compiled(*inputs)
+        if self.cuda_graphs:
+            out = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+        return out
+
+    def counters(self) -> dict[str, Any]:
+        """Per task key: hits and fallbacks (by reason) of the kernels inside."""
+        return self.opt.counters() if self.opt is not None else {}
+
+
+def _peak_ratio(fn: Callable[..., Any], model: torch.nn.Module, inputs: list[Any], base: int) -> float | None:
+    """Peak device memory (reserved by the caching allocator, so a CUDA graph's private pool counts) of one
+    forward of `fn` over eager's alone. `base`: what was reserved before `fn` was built, so eager's own
+    peak is the one measured now less what building `fn` added (folded weights, graph pools)."""
+    if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
+        return None
+    _release()
+    held = torch.cuda.memory_reserved() - base  # what building fn keeps: graph pools, folded weights
+    peaks = []
+    with torch.no_grad():
+        for f in (model, fn):
+            _release()  # what is cached but free is not a peak of this forward
+            torch.cuda.reset_peak_memory_stats()
+            f(*inputs)
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_reserved())
+    eager_alone = peaks[0] - held
+    return peaks[1] / eager_alone if eager_alone > 0 else None
+
+
+def _release() -> None:
+    """Free what is unreferenced and give the allocator's free cache back, after the device is idle."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], variant: Variant,
+            device: str, cap: Capture | None = None, need: str = "") -> tuple[Measured, Callable[..., Any] | None]:
+    """Build `variant` and time it against eager; (measurement, the callable or None when it failed).
+    `need`: a rewrite that must have rewritten something, else the variant is not timed."""
+    gc.collect()
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved() if cuda else 0
+    start = time.monotonic()
+    try:
+        fn, opt, sites = build(model, inputs, kernels, variant, device, cap=cap)
+        if need and not sites.get(need):
+            return Measured(variant, 0.0, 0.0, False, float("inf"), None, sites, f"{need}: nothing to rewrite"), None
+        eager_ms, ms = interleaved_ms(lambda: model(*inputs), lambda: fn(*inputs), device)
+        if variant.runtime == "cuda-graph" and opt is not None and not opt.cuda_graph:
+            raise RuntimeError(f"not capturable as a CUDA graph: {opt.graph_error}")
+        match, err = outputs_match(model, fn, fresh_inputs(inputs))
+        peak = _peak_ratio(fn, model, inputs, base)
+        fell = {k: c for k, c in (opt.counters() if opt else {}).items() if c.fallbacks}
+        if fell:  # a rewrite or a compiler changed a kernel's input layout: the variant is not what it says
+            raise _FellBack(tuple(sorted(fell)), f"{len(fell)} kernels fall back to eager: " + "; ".join(
+                f"{k} ({', '.join(c.fallbacks)})" for k, c in sorted(fell.items())))
+    except Exception as e:  # noqa: BLE001 - a variant that cannot be built or run is a result, not a crash
+        log.warning("variant %s failed: %s: %s", variant.name, type(e).__name__, e)
+        return Measured(variant, 0.0, 0.0, False, float("inf"), None, {}, f"{type(e).__name__}: {e}"[:300],
+                        e.keys if isinstance(e, _FellBack) else ()), None
+    log.info("variant %s: %.3f ms against eager %.3f (%.2fx), match %s, %.1f s", variant.name, ms, eager_ms,
+             eager_ms / ms if ms else 0.0, match, time.monotonic() - start)
+    return Measured(variant, eager_ms, ms, match, err, peak, sites), fn
+
+
+class _FellBack(RuntimeError):
+    """Kernels of a variant fell back to eager (their keys)."""
+
+    def __init__(self, keys: tuple[str, ...], message: str) -> None:
+        super().__init__(message[:300])
+        self.keys = keys
+
+
+def _greedy(run: Callable[..., Measured], kernels: bool, names: tuple[str, ...], cuda: bool
+            ) -> tuple[Measured, tuple[str, ...]]:
+    """Rewrites added one at a time on the runtime without compilation, each kept if the forward got faster;
+    (the best, the rewrites that pay only compiled (Rewrite.pays_compiled) which rewrote something with
+    outputs matching but were not kept: the compiled stage judges them again)."""
+    best = run(Variant(kernels, (), "cuda-graph" if cuda else "graph"))
+    if cuda and not best.ok:  # not capturable as a CUDA graph: the graph runtime (kept on a tie of failures)
+        best = min(run(Variant(kernels, (), "graph")), best, key=_time)
+    later: list[str] = []
+    for name in names:
+        m = run(replace(best.variant, rewrites=(*best.variant.rewrites, name)), need=name)
+        missing = [a for a in REWRITES[name].after if a in names and a not in best.variant.rewrites]
+        if missing and not (m.ok and _time(m) < _time(best) * GAIN):  # with what makes its sites, not kept alone
+            m = min(m, run(replace(best.variant, rewrites=parse((*best.variant.rewrites, *missing, name))),
+                           need=name), key=_time)
+        if m.ok and _time(m) < _time(best) * GAIN:
+            best = m
+        elif m.ok and REWRITES[name].pays_compiled:
+            later.append(name)
+    return best, tuple(later)
+
+
+def _time(m: Measured) -> float:
+    """What variants are compared by: their own median (inf when they failed)."""
+    return m.ms if m.ok else float("inf")
+
+
+def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
+           compile: bool = True, deadline: float | None = None, finish: float | None = None,
+           rewrites: tuple[str, ...] | None = None, cap: Capture | None = None) -> tuple[Measured, list[Measured]]:
+    """The fastest variant measured (greedy, see the module docstring) and every measurement made.
+
+    `rewrites`: the rewrites to try (default: every one in forge.runtime.rewrites.REWRITES that applies to the
+    device); `deadline` (time.monotonic()): no Inductor compilation is started after it; `finish`: nor one
+    that would end after it, judged by the last compilation's time. `cap`: the model's capture on `inputs`
+    (in the layout its kernels were found for, forge.capture.layout), when the caller has it.
+    """
+    cuda = device.startswith("cuda")
+    tried: list[Measured] = []
+    cap = cap or capture(model, inputs)  # once: every variant starts from a copy of it
+
+    def run(v: Variant, need: str = "") -> Measured:
+        m, _ = measure(model, inputs, kernels, v, device, cap, need)
+        tried.append(m)
+        return m
+
+    names = parse(rewrites if rewrites is not None else
+                  tuple(n for n, r in REWRITES.items() if r.applies_to(device)))
+    # One greedy chain without the kernels (a rewrite then reaches every site) and one with them: a kernel
+    # that swallows a BatchNorm leaves nothing to fold, so the chains end in different places.
+    heads = [_greedy(run, False, names, cuda)] + ([_greedy(run, True, names, cuda)] if kernels else [])
+    best = min((h for h, _ in heads), key=_time)
+    runtime = "inductor-cuda-graph" if cuda else "inductor"
+    # Compiled, most promising first (a deadline may stop them): the chain without the kernels first (Inductor
+    # fuses what they do: on the H200 the kernels inside Inductor won by 1.6% on Gemma 4, lost by 11% on the
+    # SD3.5 MMDiT and fell back on the VAE), each head with the rewrites that pay only compiled, then the
+    # heads as they are where that differs.
+    compiled = [replace(h.variant, rewrites=parse((*h.variant.rewrites, *later)), runtime=runtime)
+                for h, later in heads]
+    compiled += [replace(h.variant, runtime=runtime) for h, later in heads if later]
+    last = 0.0  # seconds the last compilation took (with its timing)
+    queue = compiled if compile else []
+    while queue:
+        v = queue.pop(0)
+        now = time.monotonic()
+        if deadline is not None and now > deadline or finish is not None and now + last > finish:
+            break
+        m = run(v)  # a failed head is compiled too: Inductor may run it
+        last = time.monotonic() - now
+        # Inductor gave some kernels another layout: next, the variant without them (dropping some moves
+        # Inductor's layout choices for others: on the SD3.5 VAE 2 fell back, then 3 more), while any are left
+        without = tuple(sorted({*v.without, *m.fell}))
+        if m.fell and len(without) < len(kernels):
+            queue.insert(0, replace(v, without=without))
+    # the fastest that ran, of the variants that are something other than eager by another name
+    return min((m for m in tried if m.ok and m.variant != TRIVIAL), key=_time, default=best), tried

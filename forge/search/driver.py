@@ -1,0 +1,344 @@
+"""The search: for each task, an MCTS over a policy's candidates, judged by the evaluator, stored as it goes.
+
+The candidate budget goes where the possible gain is. First every searchable task (share of model time
+at least `min_share`, and the policy's) gets a probe: its first `min_per_task` candidates, biggest share
+first, which measure the task's eager time and its roofline floor. Then the rest of the budget is shared
+out in proportion to share x headroom, headroom = 1 - floor / eager (the fraction of the task's time a
+kernel at the floor would save), biggest weight first, at most `per_task` candidates a task; what a task
+leaves unused goes to the next. A task stops when it reaches its floor, stops improving (`patience`
+candidates without a better time), runs out of candidates, time or ideas, or when the policy has nothing
+for it ("not mine"); its stop reason says which.
+
+Every task is stored when the search starts, every candidate and evaluation the moment it exists, and
+the probe's weights and each task's candidate target when they are decided, so `resume=True` rebuilds
+every tree from the store (no node evaluated again) and continues where the run stopped.
+
+A policy that raises in `mine`, `propose` or `render` stops that task alone, with the stop reason
+`policy error: ...` (stored at once, so a resumed run does not retry it); the other tasks go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields, is_dataclass, replace
+from datetime import timezone
+from typing import Any
+
+from forge.evaluate.build import build
+from forge.evaluate.evaluator import Evaluator
+from forge.kernel import Candidate, EvalResult, Feedback, TaskSpec
+from forge.policy.base import Policy
+from forge.search.mcts import FAIL, MCTS, Node, reward_of
+from forge.search.recorder import NodeRow, Recorder, TaskRow
+from forge.tasks.cut import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Limits of one optimize run."""
+
+    candidates: int = 400  # over all tasks: a cap; the wall time is what ends a run by default
+    per_task: int = 16
+    min_per_task: int = 4  # the probe: every searched task's first candidates (measure eager time and floor)
+    seconds: float = 300.0  # wall time of the search (forge optimize: of the whole run, see forge.optimize)
+    patience: int = 8  # candidates without improvement before a task stops
+    parallel: int = 4  # candidates selected (and built) at once
+    min_share: float = 0.01  # tasks below this share of model time are not searched
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """What the search found for one task."""
+
+    key: str
+    family: str
+    share: float
+    eager_us: float | None
+    best_us: float | None
+    candidates: int
+    status: str  # "improved" | "no gain" | "not mine" | "skipped"
+    stop_reason: str
+    best: Candidate | None = None
+    library: str | None = None  # the built winner
+    floor_us: float | None = None  # the roofline floor: the task's bytes at the device's copy bandwidth
+
+    @property
+    def speedup(self) -> float | None:
+        """Eager over best, when both were measured."""
+        return self.eager_us / self.best_us if self.eager_us and self.best_us else None
+
+
+Progress = Callable[[str, int, float | None], None]  # (task key, candidates so far, best speedup)
+
+
+def knobs_of(payload: Any) -> dict[str, Any]:
+    """The stored form of a payload: a dataclass's fields, or {"payload": value} for anything else."""
+    if is_dataclass(payload) and not isinstance(payload, type):
+        return {f.name: getattr(payload, f.name) for f in fields(payload)}
+    if payload is None or isinstance(payload, (str, int, float, bool, list, dict)):
+        return {"payload": payload}
+    return {"payload": repr(payload), "restorable": False}
+
+
+def policy_error(e: BaseException) -> str:
+    """The stop reason of a task whose policy raised."""
+    return f"policy error: {type(e).__name__}: {e}"[:300]
+
+
+def payload_of(policy: Policy, spec: TaskSpec, knobs: dict[str, Any]) -> tuple[Any, bool]:
+    """(payload, restored) from stored knobs: the policy's `payload_of` if it has one, else JSON payloads.
+
+    `restored` is False when the payload cannot be re-created; the node then keeps its statistics but is
+    never expanded (its stored source still counts as a candidate).
+    """
+    try:
+        return policy.payload_of(spec, knobs), True
+    except (TypeError, ValueError) as e:
+        log.warning("policy %s cannot rebuild payload %s: %s", policy.name, knobs, e)
+        return knobs, False
+
+
+class TaskSearch:
+    """One task's tree, best kernel, eager time and floor: it can stop, wait for budget, and go on."""
+
+    def __init__(self, task: Task, policy: Policy, recorder: Recorder, rec: TaskRow) -> None:
+        self.task, self.policy, self.recorder, self.rec = task, policy, recorder, rec
+        self.spec = TaskSpec.of(task)
+        self.tree = MCTS(lambda node: policy.propose(self.spec, node.payload, self.feedback(node)))
+        self.db_id: dict[int, int] = {}  # tree node id -> its recorded id
+        self.results: dict[int, EvalResult] = {}  # tree node id -> its evaluation (what feedback reports)
+        self.best: tuple[float, Candidate] | None = None  # (median us, candidate)
+        self.baselines: list[float] = []  # every paired eager median measured
+        self.floor_us: float | None = None
+        self.tried = 0
+        self.since_best = 0
+        self.stop: str | None = rec.stop_reason if rec.state == "done" else None
+        self.meta: dict[str, Any] = dict(rec.meta)
+        self.last_at: Any = None  # when its newest stored evaluation was made
+
+    def start(self) -> None:
+        """Record the root (the eager baseline) unless a recorded tree was restored."""
+        if not self.db_id:
+            self.db_id[0] = self.recorder.started(self.rec.id, self.task.source)
+
+    def restore(self) -> None:
+        """Rebuild the tree and the statistics from the record, in evaluation order; nothing is evaluated."""
+        tree_id: dict[int, int] = {}  # recorded node id -> tree node id
+        for c in self.recorder.nodes(self.rec.id):  # parents before children
+            if c.parent_id is None:
+                if not tree_id:
+                    tree_id[c.id], self.db_id[0] = 0, c.id
+                continue
+            if c.parent_id not in tree_id or c.result is None:
+                continue  # recorded but never evaluated (killed in between): it may be chosen and evaluated again
+            payload, ok = payload_of(self.policy, self.spec, c.knobs)
+            node = self.tree.restore(len(self.tree.nodes), tree_id[c.parent_id], payload,
+                                     FAIL if c.reward is None else c.reward)
+            node.pruned = node.pruned or not ok
+            tree_id[c.id], self.db_id[node.id] = node.id, c.id
+            self.results[node.id] = c.result
+            if c.evaluated_at is not None:
+                self.last_at = c.evaluated_at if self.last_at is None else max(self.last_at, c.evaluated_at)
+            self._account(c.result, lambda c=c, payload=payload, ok=ok: self._candidate(c, payload, ok))
+
+    def _candidate(self, c: NodeRow, payload: Any, ok: bool) -> Candidate:
+        if ok:
+            try:
+                return self.policy.render(self.spec, payload)
+            except Exception as e:  # a policy that cannot render it any more: the stored source is the kernel
+                log.warning("cannot re-render candidate %d: %s", c.id, e)
+        return Candidate(c.backend, c.source, c.entry)
+
+    def _account(self, ev: EvalResult, cand: Callable[[], Candidate]) -> None:
+        """Count one evaluation (made now, or read back on --resume): eager time, floor, best and patience."""
+        self.tried += 1
+        passed, median = ev.status.passed, ev.timing.median_us if ev.timing else None
+        baseline, floor = (ev.baseline.median_us if ev.baseline else None), ev.floor_us
+        self.floor_us = floor or self.floor_us
+        if baseline:
+            self.baselines.append(baseline)
+        if passed and median and (self.best is None or median < self.best[0]):
+            self.best, self.since_best = (median, cand()), 0
+        else:
+            self.since_best += 1
+
+    @property
+    def eager_us(self) -> float | None:
+        """The task's eager time: the median of its paired measurements (one outlier cannot move it far)."""
+        return statistics.median(self.baselines) if self.baselines else None
+
+    def stopped(self, deadline: float, budget: Budget) -> str | None:
+        """Why the task must stop now, or None."""
+        why = self.policy.stop_reason()  # e.g. --max-usd spent
+        if why:
+            return why
+        if self.best and self.floor_us and self.best[0] <= 1.05 * self.floor_us:
+            return "reached the roofline floor"
+        if self.since_best >= budget.patience:
+            return f"no improvement in {budget.patience} candidates"
+        if time.monotonic() > deadline:
+            return "time"
+        return None
+
+    def run(self, until: int, ev: Evaluator, deadline: float, budget: Budget, progress: Progress | None) -> None:
+        """Evaluate batches until `until` candidates in all, or a stop condition (then `self.stop` says which)."""
+        while self.stop is None and self.tried < until:
+            self.stop = self.stopped(deadline, budget)
+            if self.stop:
+                break
+            # select + expand (the tree), then evaluate the batch: builds in parallel, timing one at a time
+            try:  # the policy proposes (in expand) and renders: its exception is this task's failure, not the run's
+                nodes = [n for n in (self.tree.select() for _ in range(min(budget.parallel, until - self.tried)))
+                         if n]
+                cands = [self.policy.render(self.spec, n.payload) for n in nodes]
+            except Exception as e:  # noqa: BLE001 - any policy bug: stored as the stop reason, the run goes on
+                log.exception("policy %s failed on task %s", self.policy.name, self.task.key)
+                self.stop = policy_error(e)
+                self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)  # a resume skips it
+                break
+            if not nodes:
+                self.stop = "exhausted (no more ideas)"
+                break
+            for node, cand, res in zip(nodes, cands, ev.evaluate_many(self.spec, cands),
+                                       strict=True):
+                self.tree.report(node, reward_of(res.speedup if res.status.passed else None))  # backpropagate
+                self._record(node, cand, res)
+                self._account(res, lambda cand=cand: cand)
+                try:  # feedback for policies that learn from outcomes (LLMs)
+                    self.policy.observe(self.spec, node.payload, cand, res)
+                except Exception:  # noqa: BLE001 - lost feedback, not a lost run
+                    log.exception("policy %s failed to observe a result of task %s", self.policy.name,
+                                  self.task.key)
+            if progress:
+                progress(self.task.key, self.tried, self.eager_us / self.best[0] if self.best and self.eager_us
+                         else None)
+        if self.stop is None:
+            self.stop = self.stopped(deadline, budget)
+
+    def feedback(self, node: Node) -> Feedback:
+        """The node's evaluation and the task's statistics, for the policy expanding it."""
+        res = self.results.get(node.id)
+        errs = [v for s in (res.verify.get("sets", []) if res else []) if isinstance(s, dict)
+                for k, v in s.items() if k.startswith("err") and isinstance(v, (int, float))]
+        return Feedback(res.status.value if res else None, res.message if res else "",
+                        res.speedup if res else None, res.timing.median_us if res and res.timing else None,
+                        max(errs) if errs else None, self.best[0] if self.best else None, self.eager_us,
+                        self.floor_us, self.tried)
+
+    def _record(self, node: Node, cand: Candidate, res: EvalResult) -> None:
+        self.results[node.id] = res
+        parent = self.db_id[node.parent.id] if node.parent is not None else None
+        self.db_id[node.id] = self.recorder.evaluated(self.rec.id, parent, cand, knobs_of(node.payload),
+                                                      self.policy.name, res, node.reward)
+
+    def headroom(self, bandwidth: float | None) -> float:
+        """1 - floor / eager, from the probe; estimated from the profile when the probe measured neither."""
+        eager = self.eager_us or (self.task.ms * 1e3 / max(self.task.count, 1) if self.task.ms else None)
+        floor = self.floor_us or (self.spec.floor_bytes / bandwidth * 1e6 if bandwidth else None)
+        if not eager or floor is None:
+            return 0.5  # nothing known: assume half of the time can go
+        return max(0.0, 1.0 - floor / eager)
+
+    def set_meta(self, **kw: Any) -> None:
+        """Record allocation decisions with the task, for --resume."""
+        self.meta.update(kw)
+        self.recorder.update_task(self.rec.id, meta=dict(self.meta))
+
+    def finish(self, ev: Evaluator, reason: str) -> TaskOutcome:
+        """Record the task done and build its winner, if it beat eager by 5%."""
+        self.stop = self.stop or reason
+        share = self.task.share or 0.0
+        if self.rec.state != "done" or self.rec.stop_reason != self.stop:
+            self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)
+        best = self.best
+        gain = best is not None and self.eager_us is not None and best[0] < self.eager_us / 1.05
+        library = build(best[1], ev.arch).path if gain and best else None
+        status = "improved" if gain else "no gain" if self.tried else "skipped"
+        return TaskOutcome(self.task.key, self.task.family, share, self.eager_us, best[0] if best else None,
+                           self.tried, status, self.stop, best[1] if gain and best else None, library, self.floor_us)
+
+
+def _bandwidth(states: list[TaskSearch]) -> float | None:
+    """Bytes per second the worker measured, recovered from the floors of probed tasks."""
+    rates = [s.spec.floor_bytes / (s.floor_us * 1e-6) for s in states if s.floor_us and s.spec.floor_bytes]
+    return statistics.median(rates) if rates else None
+
+
+def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder, budget: Budget,
+           progress: Progress | None = None, resume: bool = False) -> list[TaskOutcome]:
+    """Search every task worth it within the budget: probe each, then by share x headroom (module docstring).
+    Every task, node, result and decision goes to `recorder` (forge.store.recorder.StoreRecorder: the run
+    store). With `resume`, the run's recorded tasks, trees and decisions are restored and the search goes on.
+    """
+    stored = {r.key: r for r in recorder.tasks()} if resume else {}
+    if stored:  # the shares the run was started with, not a new profile's
+        tasks = [replace(t, ms=stored[t.key].ms, share=stored[t.key].share) if t.key in stored else t for t in tasks]
+    ranked = sorted(tasks, key=lambda t: -(t.share or 0.0))
+    out: dict[str, TaskOutcome] = {}
+    states: list[TaskSearch] = []
+    for t in ranked:
+        rec = stored.get(t.key) or recorder.add_task(t)
+        share = t.share or 0.0
+        try:
+            why_not = policy.mine(TaskSpec.of(t)) if share >= budget.min_share else None
+        except Exception as e:  # noqa: BLE001 - a policy bug on one task: that task is not searched, the rest are
+            log.exception("policy %s failed on task %s", policy.name, t.key)
+            why_not = policy_error(e)
+        if share < budget.min_share or why_not is not None:
+            status, why = (("skipped", f"share below {budget.min_share:.0%} of model time") if why_not is None
+                           else ("skipped", why_not) if why_not.startswith("policy error")
+                           else ("not mine", f"not mine: {why_not}"))
+            if rec.state != "done":
+                recorder.update_task(rec.id, state="done", stop_reason=why)
+            out[t.key] = TaskOutcome(t.key, t.family, share, None, None, 0, status, why)
+            continue
+        s = TaskSearch(t, policy, recorder, rec)
+        if resume:
+            s.restore()
+        states.append(s)
+    spent = 0.0
+    done_at = [s.last_at for s in states if s.last_at is not None]
+    if done_at:  # the time the stopped run had already searched counts against --seconds
+        created = recorder.created_at()
+        newest = max(done_at)
+        if newest.tzinfo is None or created.tzinfo is None:
+            newest, created = newest.replace(tzinfo=timezone.utc), created.replace(tzinfo=timezone.utc)
+        spent = max(0.0, (newest - created).total_seconds())
+    deadline = time.monotonic() + budget.seconds - spent
+
+    def left() -> int:
+        return budget.candidates - sum(s.tried for s in states)
+
+    # probe: each task's first candidates, biggest share first
+    for s in states:
+        if s.stop is None and s.tried < budget.min_per_task:
+            if left() <= 0:
+                s.stop = "run budget spent"
+                continue
+            s.start()
+            s.run(min(budget.min_per_task, s.tried + left()), ev, deadline, budget, progress)
+    # the rest by share x headroom; the weights are stored, so a resumed run keeps them
+    live = [s for s in states if s.stop is None]
+    if live and any("weight" not in s.meta for s in live):
+        bandwidth = _bandwidth(states)
+        for s in live:
+            h = s.headroom(bandwidth)
+            s.set_meta(headroom=round(h, 4), weight=(s.task.share or 0.0) * h)
+    live.sort(key=lambda s: -s.meta["weight"])
+    for i, s in enumerate(live):
+        if "target" not in s.meta:
+            rest = sum(x.meta["weight"] for x in live[i:])
+            extra = round(max(0, left()) * s.meta["weight"] / rest) if rest > 0 else 0
+            s.set_meta(target=min(budget.per_task, s.tried + extra))
+        s.run(s.meta["target"], ev, deadline, budget, progress)
+        if s.stop is None:
+            s.stop = (f"budget ({s.tried} candidates for share x headroom "
+                      f"{s.task.share or 0.0:.2f} x {s.meta['headroom']:.2f})")
+    for s in states:
+        out[s.task.key] = s.finish(ev, "run budget spent")
+    return [out[t.key] for t in ranked]

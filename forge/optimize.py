@@ -9,8 +9,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from forge.capture.export import Capture
 from forge.capture.model_input import LoadedModel
-from forge.capture.profile import profile_model
+from forge.capture.profile import Profile, profile_model
 from forge.errors import UserError
 from forge.evaluate.evaluator import Evaluator
 from forge.policy.base import Policy
@@ -142,15 +143,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     prof, cap = profile_model(loaded, budget_s=1.0, layout=stored.config.get("layout", "") if stored else layout)
     if profile_out:
         prof.save(profile_out)
-    if stored:
-        run = stored
-        _check_same_model(run, loaded, {t.key for t in prof.tasks}, store.get_tasks(run.id))
-        budget = Budget(**run.config["budget"])
-        store.update_run(run.id, state="running", finished_at=None)
-    else:
-        budget = budget or Budget()
-        run = store.create_run(loaded.name, device=loaded.device, dtype=loaded.dtype, policy=pol.name,
-                               config={"budget": vars(budget), "load": load or {}, "layout": cap.layout})
+    run, budget = _started(store, stored, loaded, prof, pol, budget, load, cap.layout)
     pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
         with Evaluator(loaded.device) as ev:
@@ -162,11 +155,32 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
         raise
     finally:
         pol.close()
+    return _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, Path(runs_dir), inductor)
+
+
+def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: Profile, pol: Policy,
+             budget: Budget | None, load: dict[str, Any] | None, layout: str) -> tuple[RunRecord, Budget]:
+    """The run to search in and its budget: the stored one resumed (checked to be this model), or a new one."""
+    if stored:
+        _check_same_model(stored, loaded, {t.key for t in prof.tasks}, store.get_tasks(stored.id))
+        store.update_run(stored.id, state="running", finished_at=None)
+        return stored, Budget(**stored.config["budget"])
+    budget = budget or Budget()
+    run = store.create_run(loaded.name, device=loaded.device, dtype=loaded.dtype, policy=pol.name,
+                           config={"budget": vars(budget), "load": load or {}, "layout": layout})
+    return run, budget
+
+
+def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof: Profile, cap: Capture,
+            outcomes: tuple[TaskOutcome, ...], budget: Budget, start: float, runs_dir: Path,
+            inductor: bool) -> OptimizeReport:
+    """The searched kernels' variants measured end to end, the fastest saved as the run's artifact (eager's
+    when none beats it), the run finished in the store, and the report."""
     by_key = {t.key: t for t in prof.tasks}
     kernels = [KernelArtifact(o.key, o.best.backend, o.library, o.best.entry, by_key[o.key].inputs,
                               by_key[o.key].outputs, by_key[o.key].source, o.best.source)
                for o in outcomes if o.best is not None and o.library]
-    folder = Path(runs_dir) / run.id
+    folder = runs_dir / run.id
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
             "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype, "layout": cap.layout}
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
@@ -196,7 +210,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     cost = store.run_cost(run.id)
     return OptimizeReport(run.id, loaded.device, pol.name, eager_ms, forge_ms, match, err, applied, first.ms,
                           applied and best.variant.runtime == "cuda-graph", graph.ms if graph and graph.ok else None,
-                          graph.error if graph and "CUDA graph" in graph.error else "", tuple(outcomes),
+                          graph.error if graph and "CUDA graph" in graph.error else "", outcomes,
                           str(folder), {"usd": cost.usd, "tokens_in": cost.tokens_in, "tokens_out": cost.tokens_out,
                                         "device_seconds": cost.device_seconds,
                                         "wall_seconds": time.monotonic() - start},

@@ -283,33 +283,15 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
     states: list[TaskSearch] = []
     for t in ranked:
         rec = stored.get(t.key) or recorder.add_task(t)
-        share = t.share or 0.0
-        try:
-            why_not = policy.mine(TaskSpec.of(t)) if share >= budget.min_share else None
-        except Exception as e:  # noqa: BLE001 - a policy bug on one task: that task is not searched, the rest are
-            log.exception("policy %s failed on task %s", policy.name, t.key)
-            why_not = policy_error(e)
-        if share < budget.min_share or why_not is not None:
-            status, why = (("skipped", f"share below {budget.min_share:.0%} of model time") if why_not is None
-                           else ("skipped", why_not) if why_not.startswith("policy error")
-                           else ("not mine", f"not mine: {why_not}"))
-            if rec.state != "done":
-                recorder.update_task(rec.id, state="done", stop_reason=why)
-            out[t.key] = TaskOutcome(t.key, t.family, share, None, None, 0, status, why)
+        skipped = _not_searched(t, rec, policy, recorder, budget)
+        if skipped is not None:
+            out[t.key] = skipped
             continue
         s = TaskSearch(t, policy, recorder, rec)
         if resume:
             s.restore()
         states.append(s)
-    spent = 0.0
-    done_at = [s.last_at for s in states if s.last_at is not None]
-    if done_at:  # the time the stopped run had already searched counts against --seconds
-        created = recorder.created_at()
-        newest = max(done_at)
-        if newest.tzinfo is None or created.tzinfo is None:
-            newest, created = newest.replace(tzinfo=timezone.utc), created.replace(tzinfo=timezone.utc)
-        spent = max(0.0, (newest - created).total_seconds())
-    deadline = time.monotonic() + budget.seconds - spent
+    deadline = time.monotonic() + budget.seconds - _searched_before(states, recorder)
 
     def left() -> int:
         return budget.candidates - sum(s.tried for s in states)
@@ -322,8 +304,47 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
                 continue
             s.start()
             s.run(min(budget.min_per_task, s.tried + left()), ev, deadline, budget, progress)
-    # the rest by share x headroom; the weights are stored, so a resumed run keeps them
-    live = [s for s in states if s.stop is None]
+    _deepen([s for s in states if s.stop is None], states, left, ev, deadline, budget, progress)
+    for s in states:
+        out[s.task.key] = s.finish(ev, "run budget spent")
+    return [out[t.key] for t in ranked]
+
+
+def _not_searched(t: Task, rec: TaskRow, policy: Policy, recorder: Recorder, budget: Budget) -> TaskOutcome | None:
+    """The outcome of a task that is not searched (a share too small, not the policy's, a policy error, each
+    recorded as the task's stop reason), or None when it is searched."""
+    share = t.share or 0.0
+    try:
+        why_not = policy.mine(TaskSpec.of(t)) if share >= budget.min_share else None
+    except Exception as e:  # noqa: BLE001 - a policy bug on one task: that task is not searched, the rest are
+        log.exception("policy %s failed on task %s", policy.name, t.key)
+        why_not = policy_error(e)
+    if share >= budget.min_share and why_not is None:
+        return None
+    status, why = (("skipped", f"share below {budget.min_share:.0%} of model time") if why_not is None
+                   else ("skipped", why_not) if why_not.startswith("policy error")
+                   else ("not mine", f"not mine: {why_not}"))
+    if rec.state != "done":
+        recorder.update_task(rec.id, state="done", stop_reason=why)
+    return TaskOutcome(t.key, t.family, share, None, None, 0, status, why)
+
+
+def _searched_before(states: list[TaskSearch], recorder: Recorder) -> float:
+    """Seconds a stopped run had already searched (they count against --seconds when it is resumed)."""
+    done_at = [s.last_at for s in states if s.last_at is not None]
+    if not done_at:
+        return 0.0
+    created = recorder.created_at()
+    newest = max(done_at)
+    if newest.tzinfo is None or created.tzinfo is None:
+        newest, created = newest.replace(tzinfo=timezone.utc), created.replace(tzinfo=timezone.utc)
+    return max(0.0, (newest - created).total_seconds())
+
+
+def _deepen(live: list[TaskSearch], states: list[TaskSearch], left: Callable[[], int], ev: Evaluator,
+            deadline: float, budget: Budget, progress: Progress | None) -> None:
+    """After the probe: the tasks still live, by share x headroom, each to its share of what is left (the
+    weights and targets are stored, so a resumed run keeps them)."""
     if live and any("weight" not in s.meta for s in live):
         bandwidth = _bandwidth(states)
         for s in live:
@@ -339,6 +360,3 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
         if s.stop is None:
             s.stop = (f"budget ({s.tried} candidates for share x headroom "
                       f"{s.task.share or 0.0:.2f} x {s.meta['headroom']:.2f})")
-    for s in states:
-        out[s.task.key] = s.finish(ev, "run budget spent")
-    return [out[t.key] for t in ranked]

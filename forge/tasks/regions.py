@@ -49,26 +49,26 @@ def cut(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
             if p in bit:
                 a |= anc[p] | (1 << bit[p])
         anc[n] = a
+    group = _grown(nodes, bit, anc)
+    groups: list[_Group] = []
+    seen: set[int] = set()
+    for n in nodes:
+        g = group[n]
+        if id(g) not in seen:
+            seen.add(id(g))
+            groups.append(g)
+    _views_into_heavy_ops(groups, group)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    out = [sorted(g.members, key=order.__getitem__) for g in groups if g.members]
+    out.sort(key=lambda ms: order[ms[0]])
+    return out
 
+
+def _grown(nodes: list[torch.fx.Node], bit: dict[torch.fx.Node, int], anc: dict[torch.fx.Node, int]
+           ) -> dict[torch.fx.Node, _Group]:
+    """Each node's group: in graph order, a fusible node joins the groups of its inputs, largest first, where
+    the union stays convex and holds one reduction at most."""
     group: dict[torch.fx.Node, _Group] = {}
-
-    def ext_anc(g: _Group) -> int:
-        a = 0
-        for p in g.ext:
-            a |= anc[p]
-        return a
-
-    def merge(a: _Group, b: _Group) -> _Group | None:
-        """a and b as one group, or None if that breaks convexity or the one-reduction rule."""
-        if a.reduces + b.reduces > 1:
-            return None
-        bits = a.bits | b.bits
-        ext = {p for p in a.ext | b.ext if not (bits >> bit[p]) & 1}
-        g = _Group(a.members + b.members, bits, True, a.reduces + b.reduces, ext)
-        if ext_anc(g) & bits:
-            return None
-        return g
-
     for n in nodes:
         k = kind_of(n.target)
         ins = [p for p in n.all_input_nodes if p in bit]
@@ -87,21 +87,30 @@ def cut(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
                 if c.fusible and all(c is not x for x in cands):
                     cands.append(c)
             for c in sorted(cands, key=lambda c: -len(c.members)):
-                m = merge(c, g)
+                m = _merged(c, g, bit, anc)
                 if m is not None:
                     g = m
         for m in g.members:
             group[m] = g
+    return group
 
-    groups: list[_Group] = []
-    seen: set[int] = set()
-    for n in nodes:
-        g = group[n]
-        if id(g) not in seen:
-            seen.add(id(g))
-            groups.append(g)
 
-    # Views that feed one heavy op only become part of it (a weight transpose belongs to its matmul).
+def _merged(a: _Group, b: _Group, bit: dict[torch.fx.Node, int], anc: dict[torch.fx.Node, int]) -> _Group | None:
+    """a and b as one group, or None if that breaks convexity or the one-reduction rule."""
+    if a.reduces + b.reduces > 1:
+        return None
+    bits = a.bits | b.bits
+    ext = {p for p in a.ext | b.ext if not (bits >> bit[p]) & 1}
+    outside = 0  # the ancestors of what the union reads from outside it: none may lie inside it
+    for p in ext:
+        outside |= anc[p]
+    if outside & bits:
+        return None
+    return _Group(a.members + b.members, bits, True, a.reduces + b.reduces, ext)
+
+
+def _views_into_heavy_ops(groups: list[_Group], group: dict[torch.fx.Node, _Group]) -> None:
+    """Views that feed one heavy op only become part of it (a weight transpose belongs to its matmul)."""
     for g in groups:
         if not g.members or any(kind_of(m.target) not in (Kind.VIEW, Kind.FACTORY) for m in g.members):
             continue
@@ -117,8 +126,3 @@ def cut(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
         for m in g.members:
             group[m] = h
         g.members = []
-
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    out = [sorted(g.members, key=order.__getitem__) for g in groups if g.members]
-    out.sort(key=lambda ms: order[ms[0]])
-    return out

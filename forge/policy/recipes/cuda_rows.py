@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.fx
@@ -72,8 +73,24 @@ def row_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowered | 
     per_row = Emitter(inputs, spec.inputs, simplify, prefix="q",
                        special={red: lambda idx: rowreduce._reduced_value(red, low.op, idx, per_row, length)})
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
+    y_stores, packs, writes, row_stores = _stores(spec, out_node.args[0], rows, length, i, r, simplify, epi, per_row)
+    aligned = vec_pro.aligned | vec_epi.aligned
+    piv = Emitter(inputs, spec.inputs, simplify, prefix="z")  # x at the row's first element (scalar loads)
+    piv_value = piv.value(x, r * length)
+    piv_lines = (*piv.lines, f"const float piv = {piv_value};")
+    src = _row_kernel(low, knobs, cache, slots, chunk, pro.lines, x_expr, vec_pro.lines, epi_plain.lines
+                      + epi.lines + y_stores, vec_epi.lines, packs, writes, per_row.lines + row_stores, smem_type,
+                      piv_lines)
+    smem_bytes = chunk * smem_type.itemsize if smem_type else 0
+    return _source(spec, low, knobs, src, vec, smem_bytes, aligned)
+
+
+def _stores(spec: TaskSpec, outs: list[Any], rows: int, length: int, i: Expr, r: Expr, simplify: Simplifier,
+            epi: Emitter, per_row: Emitter) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The row kernel's output code: per element (vector packs and their writes, or element by element
+    through the strides of an output that is not row-major) and per row."""
     y_stores, packs, writes, row_stores = [], [], [], []
-    for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
+    for j, (o, m) in enumerate(zip(outs, spec.outputs, strict=True)):
         ctype = FLOAT_TYPES[m.torch_dtype]
         if m.numel == rows * length:
             v = epi.value(o, i)
@@ -89,14 +106,15 @@ def row_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowered | 
             row_stores.append(f"out{j}_p[r] = {from_float(per_row.value(o, r), m.torch_dtype)};")
         else:
             raise NotMine("an output that is neither per element nor per row")
-    aligned = vec_pro.aligned | vec_epi.aligned
-    piv = Emitter(inputs, spec.inputs, simplify, prefix="z")  # x at the row's first element (scalar loads)
-    piv_value = piv.value(x, r * length)
-    piv_lines = (*piv.lines, f"const float piv = {piv_value};")
-    src = _row_kernel(low, knobs, cache, slots, chunk, pro.lines, x_expr, vec_pro.lines, epi_plain.lines
-                      + epi.lines + y_stores, vec_epi.lines, packs, writes, per_row.lines + row_stores, smem_type,
-                      piv_lines)
-    smem_bytes = chunk * smem_type.itemsize if smem_type else 0
+    return y_stores, packs, writes, row_stores
+
+
+def _source(spec: TaskSpec, low: rowreduce.RowLowered, knobs: CudaRowKnobs, src: str, vec: int, smem_bytes: int,
+            aligned: set[int]) -> str:
+    """The kernel's translation unit: the kernel body `src` in its template, and forge_launch (guards, the
+    alignment check that picks the vector or the scalar instance, the grid, shared memory and cluster
+    attributes)."""
+    rows, length, cl = low.rows, low.length, knobs.cluster
     attr = (f"  cudaFuncSetAttribute(forge_rows<{vec}>, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem_bytes});\n"
             f"  cudaFuncSetAttribute(forge_rows<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, {smem_bytes});\n"
             if smem_bytes > 48 * 1024 else "")

@@ -183,3 +183,33 @@ def test_tensor_meta_parse_rejects_bad_entries():
                 {"shape": [2, 3], "dtype": "float32", "stride": [1]}):
         with pytest.raises(ValueError, match="Invalid tensor meta"):
             TensorMeta.parse(bad)
+
+
+class _SinThenCos(torch.nn.Module):
+    def forward(self, x, y):
+        a = torch.sin(x) * 2
+        b = torch.cos(y) + 1
+        return a * b, torch.cos(y) * 3
+
+
+class _CosThenSin(torch.nn.Module):
+    def forward(self, x, y):
+        b = torch.cos(y) + 1
+        c = torch.cos(y) * 3  # the same subexpression twice, feeding different ops
+        a = torch.sin(x) * 2
+        return a * b, c
+
+
+def test_a_task_key_follows_what_the_region_computes_not_the_graph_order():
+    """Graphs of one model may order independent branches differently (from one process to the next): the
+    tasks' sources, their inputs' order and their keys are the same."""
+    x, y = torch.randn(4, 1), torch.randn(1, 8)
+    one = sorted(build_tasks(capture(_SinThenCos(), [x, y]).graph_module.graph), key=lambda t: t.key)
+    other = sorted(build_tasks(capture(_CosThenSin(), [x, y]).graph_module.graph), key=lambda t: t.key)
+    assert [(t.key, t.source, t.inputs) for t in one] == [(t.key, t.source, t.inputs) for t in other]
+    both = next(t for t in one if len(t.inputs) == 2)  # sin(x) * 2 * (cos(y) + 1), whichever came first
+    ns: dict = {}
+    exec(both.source, ns)  # noqa: S102 - forge's own rendering of the region
+    args = [x, y] if both.inputs[0].shape == (4, 1) else [y, x]
+    (got,) = ns["region"](*args)
+    torch.testing.assert_close(got, _SinThenCos()(x, y)[0])

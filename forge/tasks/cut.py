@@ -9,6 +9,7 @@ source, which names no graph node: identical blocks of a transformer give one ta
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 import operator
 from collections.abc import Callable
@@ -135,8 +136,53 @@ class Rendered:
     output_nodes: tuple[str, ...]
 
 
+def canonical_order(region: list[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The region's nodes (given in graph order) in an order that follows what they compute, not where the
+    graph put them: topological, ties broken by each node's structure (its op, its literal arguments, its
+    inputs' structures, its value's shape, dtype and strides), then by its users' structures, then by graph
+    position. Graphs of one model
+    captured in two processes may order independent branches differently (Gemma 4's two rotary
+    embeddings, made from a set iterated in string-hash order), and a task's source and key must not
+    follow, or a run could not be resumed in another process."""
+    members = set(region)
+    sig: dict[torch.fx.Node, str] = {}
+    for n in region:
+        refs = {p: sig[p] if p in members else f"ext:{m.short() if (m := node_meta(p)) else p.op}"
+                for p in n.all_input_nodes}
+        try:
+            args = [_literal(a, refs) for a in n.args] + [f"{k}={_literal(v, refs)}" for k, v in n.kwargs.items()]
+        except ValueError:  # render refuses the region anyway
+            return region
+        meta = node_meta(n)
+        text = f"{qualified_name(n.target)}({', '.join(args)}) {meta.short() if meta else ''}"
+        sig[n] = hashlib.sha1(text.encode()).hexdigest()
+    # and by what is made of them: two equal nodes (a subexpression the graph holds twice) that feed
+    # different ops are told apart by those ops, so which of the two feeds which does not follow the graph
+    down: dict[torch.fx.Node, str] = {}
+    for n in reversed(region):
+        uses = sorted(down[u] if u in members else "out" for u in n.users)
+        down[n] = hashlib.sha1(" ".join([sig[n], *uses]).encode()).hexdigest()
+    index = {n: i for i, n in enumerate(region)}
+    waiting = {n: sum(p in members for p in n.all_input_nodes) for n in region}
+    ready = [(sig[n], down[n], index[n], n) for n in region if waiting[n] == 0]
+    heapq.heapify(ready)
+    out: list[torch.fx.Node] = []
+    while ready:
+        n = heapq.heappop(ready)[3]
+        out.append(n)
+        for u in n.users:
+            if u in members:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    heapq.heappush(ready, (sig[u], down[u], index[u], u))
+    return out
+
+
 def render(region: list[torch.fx.Node]) -> Rendered:
-    """Render one region as a standalone function; raises ValueError when it cannot be rendered."""
+    """Render one region (its nodes in graph order) as a standalone function, its body in the region's
+    canonical order; raises ValueError when it cannot be rendered."""
+    in_graph_order = region
+    region = canonical_order(region)
     members = set(region)
     names: dict[torch.fx.Node, str] = {}
     ext: list[torch.fx.Node] = []
@@ -188,7 +234,7 @@ def render(region: list[torch.fx.Node]) -> Rendered:
         inputs=in_metas,  # type: ignore[arg-type]
         outputs=tuple(node_meta(o).written() for o in outs),  # type: ignore[union-attr]
         source=source,
-        nodes=tuple(n.name for n in region),
+        nodes=tuple(n.name for n in in_graph_order),  # dispatch inserts the kernel before the last
         input_nodes=tuple(p.name for p in ext),
         output_nodes=tuple(o.name for o in outs),
     )

@@ -2,6 +2,7 @@
 the run."""
 
 import json
+import operator
 
 import pytest
 import torch
@@ -161,10 +162,34 @@ def test_layouts_are_timed_with_groupnorms_stood_in_for_by_one_pass_in_their_lay
         gm = layout.without_norms(cap.graph_module)
         nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
         assert not any(n.target is aten.native_group_norm.default for n in nodes)
-        stand_ins = [n for n in nodes if n.target is aten.mul.Tensor]
-        assert len(stand_ins) == 2 and stand_ins[0].args[0].target is aten.convolution.default
-        assert stand_ins[0].args[0].meta["val"].is_contiguous(memory_format=fmt)  # the copies around it are gone
-        assert sum(n.target is aten.clone.default for n in nodes) == (fmt is torch.channels_last)  # the output's
+        clones = [n for n in nodes if n.target is aten.clone.default]
+        first = clones[0]  # the first GroupNorm's stand-in: the convolution's output, read and written as is
+        assert first.args[0].target is aten.convolution.default and first.kwargs["memory_format"] is fmt
+        assert first.args[0].meta["val"].is_contiguous(memory_format=fmt)  # the copies around it are gone
+        # the attention block's GroupNorm (a transposed input) and, channels-last, the graph's row-major output
+        assert len(clones) == 2 + (fmt is torch.channels_last)
         (out,) = gm(*cap.flat_args([torch.randn(2, 32, 17, 19)]))
         assert out.shape == (2, 32, 17, 19)
     assert layout.choose(plain, loaded.inputs, "cpu") in layout.LAYOUTS
+
+
+class _NormOut(torch.nn.Module):
+    """A GroupNorm's output is the graph's output: made row-major again without a copy to channels-last first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.GroupNorm(2, 8)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+def test_a_groupnorm_output_that_is_the_graph_output_is_copied_once():
+    m, x = _NormOut().eval(), torch.randn(2, 8, 5, 7)
+    cl = layout.channels_last(capture(m, [x]), [x])
+    nodes = [n for n in cl.graph_module.graph.nodes if n.op == "call_function"]
+    (out,) = next(n for n in cl.graph_module.graph.nodes if n.op == "output").args[0]
+    assert out.target is operator.getitem and out.meta["val"].is_contiguous()  # the norm's own output
+    assert sum(n.target is aten.clone.default for n in nodes) == 1  # only the row-major copy of its input
+    with torch.no_grad():
+        torch.testing.assert_close(cl.graph_module(*cl.flat_args([x]))[0], m(x), rtol=1e-5, atol=1e-5)

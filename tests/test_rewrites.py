@@ -298,3 +298,10 @@ def test_a_rewrite_not_kept_is_tried_again_on_top_of_the_rewrites_that_make_its_
     if ("conv-clamp-test",) in by:  # tried alone (fold-bn was not kept): no convolution feeds a ReLU before it
         assert "nothing to rewrite" in by[("conv-clamp-test",)].error
     assert best.ok and best.match
+
+
+def test_the_rewrites_that_make_a_rewrites_sites_come_before_it_in_the_table():
+    """Rewrites run in the table's order: an enabler after the rewrite it enables would never give it sites."""
+    order = list(REWRITES)
+    for name, r in REWRITES.items():
+        assert all(a in REWRITES and order.index(a) < order.index(name) for a in r.after), (name, r.after)

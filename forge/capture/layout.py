@@ -7,7 +7,8 @@ model of them; meta inputs give meta strides), so the tasks cut from it, their k
 are for the layout the forward really has: a GroupNorm region gets channels-last inputs and outputs.
 Two things are made explicit nodes. A GroupNorm whose input is not row-major reads a row-major copy of
 it (what `F.group_norm` does on CUDA, where `native_group_norm` takes nothing else; the same graph on
-every device, so that tasks cut on the CPU or on meta are those of the GPU), and its output is copied back
+CPU and CUDA alike, so that tasks cut on the CPU are those of the GPU; meta convolutions report row-major
+outputs, so a meta capture has no such copies), and its output is copied back
 to channels-last when its input was channels-last (the convolution after it stays NHWC; forge's NHWC
 GroupNorm kernel reads and writes channels-last through both copies). 4-d graph outputs that were
 row-major are made row-major again (a user may `view` them).
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 LAYOUTS = ("", "channels-last")
+_COPY = "forge_layout_copy"  # node meta: a copy channels_last made ("in": a GroupNorm's input, "back": its output)
 GAIN = 0.99  # the layout is changed only when the forward gets under 99% of row-major's time
 _CONVS = (aten.convolution.default,)
 
@@ -100,7 +102,7 @@ def _norm_through_copies(gm: torch.fx.GraphModule, norm: torch.fx.Node, fmt: tor
     x = norm.args[0]
     with gm.graph.inserting_before(norm):
         c = gm.graph.call_function(aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
-    c.meta = {**x.meta, "val": x.meta["val"].contiguous()}
+    c.meta = {"val": x.meta["val"].contiguous(), _COPY: "in"}
     norm.replace_input_with(x, c)
     if fmt is not torch.channels_last:
         return
@@ -108,7 +110,7 @@ def _norm_through_copies(gm: torch.fx.GraphModule, norm: torch.fx.Node, fmt: tor
         with gm.graph.inserting_after(g):
             back = gm.graph.call_function(aten.clone.default, (g,), {"memory_format": fmt})
         g.replace_all_uses_with(back, delete_user_cb=lambda u, back=back: u is not back)
-        back.meta = dict(g.meta)  # what the refresh recorded: the channels-last copy
+        back.meta = {"val": g.meta["val"], _COPY: "back"}  # what the refresh recorded: the channels-last copy
         g.meta = {**g.meta, "val": g.meta["val"].contiguous()}
 
 
@@ -135,12 +137,17 @@ def _outputs_row_major(gm: torch.fx.GraphModule, was: list[bool]) -> None:
     for a, row_major in zip(out.args[0], was, strict=True):
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
         if row_major and isinstance(val, torch.Tensor) and not val.is_contiguous():
+            if a.meta.get(_COPY) == "back" and a.args[0].meta["val"].is_contiguous():  # a GroupNorm's row-major
+                fixed.append(a.args[0])  # output, copied to channels-last for nothing but the graph's output
+                continue
             with gm.graph.inserting_before(out):
                 c = gm.graph.call_function(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
             c.meta = {**a.meta, "val": val.contiguous()}
             a = c
         fixed.append(a)
     out.args = (type(out.args[0])(fixed),)
+    for n in [n for n in gm.graph.nodes if n.meta.get(_COPY) == "back" and not n.users]:
+        gm.graph.erase_node(n)
 
 
 def _meta_of(v: Any) -> Any:
@@ -169,6 +176,8 @@ class _Refresh(torch.fx.Interpreter):
                 fmt = self.fix[n] = suggest_memory_format(x)
                 out = n.target(x.contiguous(), *args[1:], **kwargs)
                 n.meta["val"] = _meta_of(out)
+                if fmt is not torch.channels_last:  # only a 4-d channels-last input's output is copied back
+                    return out
                 return (out[0].contiguous(memory_format=fmt), *out[1:])
         out = super().run_node(n)
         if n.op != "output":
@@ -199,26 +208,26 @@ def choose(cap: Capture, inputs: list[Any], device: str) -> str:
 
 
 def without_norms(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy of `gm` whose GroupNorms (only their normalized output used) are each one pointwise pass over the
-    input they normalize (`x * 1`: its layout, its bytes), without the copies channels_last puts around them;
-    for timing layouts against each other, not for its values."""
+    """A copy of `gm` whose GroupNorms (only their normalized output used) are each one pass over the input they
+    normalize, read in its layout and written in the layout the GroupNorm's output has in `gm` (a `clone` in
+    that memory format), without the copies channels_last puts around them; for timing layouts against each
+    other, not for its values."""
     g = _copy_graph(gm.graph)
     for n in [n for n in g.nodes if n.target is aten.native_group_norm.default]:
-        outs = list(n.users)
+        outs = [u for u in n.users if u.users]
         if not all(u.target is operator.getitem and u.args[1] == 0 for u in outs):
             continue  # the statistics are used: this one is timed as it is
         x = n.args[0]
-        if _is_copy(x, torch.contiguous_format):
+        if x.meta.get(_COPY) == "in":
             x = x.args[0]
+        backs = [b for u in outs for b in u.users if b.meta.get(_COPY) == "back"]
+        fmt = torch.channels_last if backs else torch.contiguous_format
         with g.inserting_before(n):
-            stand_in = g.call_function(aten.mul.Tensor, (x, 1.0))
+            stand_in = g.call_function(aten.clone.default, (x,), {"memory_format": fmt})
+        for b in backs:
+            b.replace_all_uses_with(stand_in)
         for u in outs:
-            for back in [b for b in u.users if _is_copy(b, torch.channels_last)]:
-                back.replace_all_uses_with(stand_in)
             u.replace_all_uses_with(stand_in)
     g.eliminate_dead_code()
     return torch.fx.GraphModule(gm, g)
 
-
-def _is_copy(n: torch.fx.Node, fmt: torch.memory_format) -> bool:
-    return n.target is aten.clone.default and n.kwargs.get("memory_format") is fmt

@@ -36,6 +36,7 @@ from breakdown import breakdown  # noqa: E402  (benchmarks/, on sys.path as the 
 from provenance import stamp  # noqa: E402
 
 import forge  # noqa: E402
+from forge.capture import layout  # noqa: E402
 from forge.capture.model_input import load_zoo  # noqa: E402
 from forge.optimize import optimize  # noqa: E402
 from forge.runtime.endtoend import alternate, fresh_inputs, outputs_match  # noqa: E402
@@ -59,9 +60,8 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
     model, inputs, device = loaded.model, loaded.inputs, loaded.device
     start = time.monotonic()
     budget = Budget(**({"seconds": args.seconds} if args.seconds else {}))
-    layout = {"auto": None, "row-major": ""}.get(args.layout, args.layout)
     report = optimize(loaded, store, budget=budget, runs_dir=Path(tmp) / "runs", inductor=args.inductor,
-                      layout=layout)
+                      layout=layout.requested(args.layout))
     row.update(optimize_s=time.monotonic() - start, variant=report.variant.name if report.variant else "eager",
                optimize_eager_ms=report.eager_ms, optimize_forge_ms=report.forge_ms,
                peak_mem_ratio=report.peak_mem_ratio, run=report.to_json())
@@ -142,7 +142,7 @@ def main() -> int:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--seconds", type=float, help="forge optimize's wall-time budget (default: forge's own)")
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--layout", choices=("auto", "row-major", "channels-last"), default="auto",
+    p.add_argument("--layout", choices=layout.CHOICES, default="auto",
                    help="forge optimize's capture layout (default: measured, as forge optimize's own default)")
     p.add_argument("--profile", action="store_true", help="on CUDA, also break forge's and the faster compile's "
                    "device time down by kernel (torch profiler; benchmarks/breakdown.py)")

@@ -76,7 +76,7 @@ def main() -> int:
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--variants", nargs="+", metavar="REWRITES@RUNTIME",
                    help="measure just these variants (no kernels), e.g. attention-gemm@inductor-cuda-graph")
-    p.add_argument("--layout", choices=("row-major", "channels-last"), default="row-major",
+    p.add_argument("--layout", choices=layout.CHOICES[1:], default="row-major",
                    help="the capture the variants start from (forge.capture.layout; forge optimize measures which)")
     p.add_argument("--json")
     args = p.parse_args()
@@ -100,7 +100,7 @@ def main() -> int:
                 baselines(loaded, row, args.freezing)
                 save()
             start = time.monotonic()
-            cap = layout.capture_in(loaded.model, loaded.inputs, "" if args.layout == "row-major" else args.layout)
+            cap = layout.capture_in(loaded.model, loaded.inputs, layout.requested(args.layout))
             if args.variants:
                 tried = [measure(loaded.model, loaded.inputs, [], _variant(v), args.device, cap)[0]
                          for v in args.variants]

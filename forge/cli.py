@@ -145,6 +145,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from forge.capture import layout
     from forge.optimize import optimize
     from forge.search.driver import Budget
     from forge.store import Store
@@ -175,7 +176,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     report = optimize(loaded, store, policy=pol, budget=budget, progress=progress, resume=args.resume,
                       load=load, inductor=args.inductor,
-                      layout={"auto": None, "row-major": ""}.get(args.layout, args.layout))
+                      layout=layout.requested(args.layout))
     print_optimize(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
@@ -227,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "rewrites and the final timing (default 300)")
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure the result compiled by torch.compile and keep it when faster (default on)")
-    p.add_argument("--layout", choices=("auto", "row-major", "channels-last"), default="auto",
+    p.add_argument("--layout", choices=("auto", "row-major", "channels-last"), default="auto",  # layout.CHOICES
                    help="activation layout the model is captured and searched in (default auto: channels-last "
                    "when the model has convolutions and its forward is faster so, measured)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")

@@ -17,10 +17,11 @@ row-major are made row-major again (a user may `view` them).
 convolutions, its forward in that layout computes what row-major's does, and it is faster than row-major by
 more than the noise (the two forwards interleaved in this process), else "" (the capture as it is). The
 forwards timed are the two graphs with each GroupNorm (and the copies around it) stood in for by one
-pointwise pass over its input in that input's layout: forge replaces GroupNorms with a kernel that reads
-and writes either layout at the same cost, so eager's own GroupNorm (row-major only on CUDA, hence two
-copies in channels-last) would decide the layout by what forge does not run. What is decided
-is recorded with the run and the artifact, so `--resume` and `forge.load` capture the same graph.
+pass over its input, read in its layout and written in the layout of the GroupNorm's output
+(`without_norms`): forge replaces GroupNorms with a kernel that reads and writes either layout at the
+same cost, so eager's own GroupNorm (row-major only on CUDA, hence two copies in channels-last) would
+decide the layout by what forge does not run. What is decided is recorded with the run and the artifact,
+so `--resume` and `forge.load` capture the same graph.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 LAYOUTS = ("", "channels-last")
+CHOICES = ("auto", "row-major", "channels-last")  # what a user names (forge optimize --layout)
 _COPY = "forge_layout_copy"  # node meta: a copy channels_last made ("in": a GroupNorm's input, "back": its output)
 GAIN = 0.99  # the layout is changed only when the forward gets under 99% of row-major's time
 _CONVS = (aten.convolution.default,)
@@ -64,6 +66,12 @@ def conv_weights(cap: Capture) -> list[str]:
 def capture_in(model: torch.nn.Module, inputs: list[Any], layout: str = "") -> Capture:
     """forge.capture.export.capture of `model` on `inputs`, in `layout`."""
     return apply(capture(model, inputs), layout, inputs)
+
+
+def requested(choice: str) -> str | None:
+    """The layout argument forge.optimize takes for a user's choice (CHOICES): None for "auto" (measured), ""
+    for "row-major" (the capture as it is)."""
+    return {"auto": None, "row-major": ""}.get(choice, choice)
 
 
 def apply(cap: Capture, layout: str, inputs: list[Any]) -> Capture:
@@ -107,10 +115,11 @@ def _norm_through_copies(gm: torch.fx.GraphModule, norm: torch.fx.Node, fmt: tor
     if fmt is not torch.channels_last:
         return
     for g in [u for u in norm.users if u.target is operator.getitem and u.args[1] == 0]:
-        with gm.graph.inserting_after(g):
-            back = gm.graph.call_function(aten.clone.default, (g,), {"memory_format": fmt})
-        g.replace_all_uses_with(back, delete_user_cb=lambda u, back=back: u is not back)
-        back.meta = {"val": g.meta["val"], _COPY: "back"}  # what the refresh recorded: the channels-last copy
+        if any(u.op != "output" for u in g.users):  # a graph output stays the norm's own, row-major
+            with gm.graph.inserting_after(g):
+                back = gm.graph.call_function(aten.clone.default, (g,), {"memory_format": fmt})
+            g.replace_all_uses_with(back, delete_user_cb=lambda u, back=back: u is not back and u.op != "output")
+            back.meta = {"val": g.meta["val"], _COPY: "back"}  # what the refresh recorded: the channels-last copy
         g.meta = {**g.meta, "val": g.meta["val"].contiguous()}
 
 
@@ -137,17 +146,12 @@ def _outputs_row_major(gm: torch.fx.GraphModule, was: list[bool]) -> None:
     for a, row_major in zip(out.args[0], was, strict=True):
         val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
         if row_major and isinstance(val, torch.Tensor) and not val.is_contiguous():
-            if a.meta.get(_COPY) == "back" and a.args[0].meta["val"].is_contiguous():  # a GroupNorm's row-major
-                fixed.append(a.args[0])  # output, copied to channels-last for nothing but the graph's output
-                continue
             with gm.graph.inserting_before(out):
                 c = gm.graph.call_function(aten.clone.default, (a,), {"memory_format": torch.contiguous_format})
             c.meta = {**a.meta, "val": val.contiguous()}
             a = c
         fixed.append(a)
     out.args = (type(out.args[0])(fixed),)
-    for n in [n for n in gm.graph.nodes if n.meta.get(_COPY) == "back" and not n.users]:
-        gm.graph.erase_node(n)
 
 
 def _meta_of(v: Any) -> Any:
@@ -161,8 +165,8 @@ def _meta_of(v: Any) -> Any:
 
 class _Refresh(torch.fx.Interpreter):
     """Runs the graph and records every node's value as its metadata; a GroupNorm whose input is not row-major
-    runs on a row-major copy, its output copied back to the layout its input suggests, and is noted in `fix`
-    with that layout."""
+    runs on a row-major copy, its output copied back to channels-last when the input was, and is noted in `fix`
+    with the layout its input suggests."""
 
     def __init__(self, gm: torch.fx.GraphModule) -> None:
         super().__init__(gm)

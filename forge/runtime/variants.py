@@ -286,6 +286,15 @@ def _time(m: Measured) -> float:
     return m.ms if m.ok else float("inf")
 
 
+def _may_compile(now: float, last: float, deadline: float | None, finish: float | None) -> bool:
+    """Whether another compilation starts: before `deadline` while none has run (its cost unknown), then
+    while the last one's time still fits before `finish` (on the SD3.5 VAE the deadline alone once stopped
+    the second compilation, the one that had won at ee775a5, with time for it left before `finish`)."""
+    if finish is not None and now + last > finish:
+        return False
+    return last > 0 and finish is not None or deadline is None or now <= deadline
+
+
 def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
            compile: bool = True, deadline: float | None = None, finish: float | None = None,
            rewrites: tuple[str, ...] | None = None, cap: Capture | None = None) -> tuple[Measured, list[Measured]]:
@@ -324,7 +333,7 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     while queue:
         v = queue.pop(0)
         now = time.monotonic()
-        if deadline is not None and now > deadline or finish is not None and now + last > finish:
+        if not _may_compile(now, last, deadline, finish):
             break
         m = run(v)  # a failed head is compiled too: Inductor may run it
         last = time.monotonic() - now

@@ -35,6 +35,7 @@ class Synthetic(Policy):
 
     name = "synthetic"
     arch = None
+    cache_dir = None  # winners are built where the evaluator builds (None: the default cache)
 
     def __init__(self, tasks: dict[str, tuple[float, float, float]]) -> None:
         self.tasks = tasks

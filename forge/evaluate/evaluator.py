@@ -47,6 +47,7 @@ class Evaluator:
         self.timeout_s = timeout_s
         self.bench = bench
         self.arch = arch or device_arch(device)
+        self.cache_dir = cache_dir  # of builds (None: forge.evaluate.build.default_cache_dir); winners go there too
         self.builds = BuildPool(build_workers, self.arch, cache_dir)
         if memory_bytes is None and device == "cpu":
             pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -257,7 +257,7 @@ class TaskSearch:
             self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)
         best = self.best
         gain = best is not None and self.eager_us is not None and best[0] < self.eager_us / 1.05
-        library = build(best[1], ev.arch).path if gain and best else None
+        library = build(best[1], ev.arch, ev.cache_dir).path if gain and best else None
         status = "improved" if gain else "no gain" if self.tried else "skipped"
         return TaskOutcome(self.task.key, self.task.family, share, self.eager_us, best[0] if best else None,
                            self.tried, status, self.stop, best[1] if gain and best else None, library, self.floor_us)

@@ -266,38 +266,43 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
                            "(work left running on a thread or stream)", detail)
         row: dict[str, Any] = {"set": k}
         detail["sets"].append(row)
-        masks: list[torch.Tensor] = []
         for j, (x, s) in enumerate(zip(inputs, mine, strict=True)):
             if not torch.equal(x, s):
                 return Verdict(Status.INPUT_MUTATED, f"input {j} changed during the call", detail)
-        for i, (o, e, h, m) in enumerate(zip(outs, eager, high, outputs_meta, strict=True)):
-            name = f"output {i} ({m.short()})"
-            if not o.guards_intact():
-                return Verdict(Status.OUT_OF_BOUNDS, f"{name}: wrote outside the output buffer", detail)
-            out, finite = o.tensor, judged(e, h, o.tensor.dtype)
-            masks.append(finite)
-            left = o.poisoned() & finite
-            if left.any():
-                n = int(left.sum())
-                return Verdict(Status.PARTIAL_WRITE, f"{name}: {n} of {m.numel} elements never written",
-                               detail)
-            bad = nonfinite(name, out, finite)
+        masks = [judged(e, h, o.tensor.dtype) for o, e, h in zip(outs, eager, high, strict=True)]
+        for i, (o, e, h, m, finite) in enumerate(zip(outs, eager, high, outputs_meta, masks, strict=True)):
+            prev = None if previous is None else (previous[i], *ref_prev[i])
+            bad = _judge_output(f"output {i} ({m.short()})", o, e, h, m, finite, prev, row, f"set {k}", i)
             if bad is not None:
                 return replace(bad, detail=detail)
-            if previous is not None and _stale(out, e, finite, previous[i], *ref_prev[i]):
-                return Verdict(Status.STALE_RESULT, f"{name}: same output as for the previous, different "
-                               "inputs (a cached result)", detail)
-            if _constant(out, e, finite):
-                return Verdict(Status.CONSTANT_OUTPUT, f"{name}: every judged element is "
-                               f"{_span(out, finite)[0].item()}", detail)
-            wrong = within_tolerance(name, out, e, h, finite, m.dtype, row, f"set {k}", i)
-            if wrong is not None:
-                return replace(wrong, detail=detail)
         previous = [o.tensor.clone() for o in outs]
         ref_prev = list(zip(eager, masks, strict=True))
     detail["max_err"] = max((v for r in detail["sets"] for kk, v in r.items() if kk.startswith("err")),
                             default=0.0)
     return Verdict(Status.OK, "", detail)
+
+
+def _judge_output(name: str, o: Guarded, eager: torch.Tensor, high: torch.Tensor, meta: TensorMeta,
+                  finite: torch.Tensor, prev: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+                  row: dict[str, Any], where: str, i: int) -> Verdict | None:
+    """The first check output i fails on one set, else None: written inside its buffer only, and wholly; no
+    NaN/Inf where judged; not the previous set's output (`prev`: that output, eager's and its judged mask);
+    not constant; within tolerance (the error and tolerance go into `row`)."""
+    if not o.guards_intact():
+        return Verdict(Status.OUT_OF_BOUNDS, f"{name}: wrote outside the output buffer")
+    out = o.tensor
+    left = o.poisoned() & finite
+    if left.any():
+        return Verdict(Status.PARTIAL_WRITE, f"{name}: {int(left.sum())} of {meta.numel} elements never written")
+    bad = nonfinite(name, out, finite)
+    if bad is not None:
+        return bad
+    if prev is not None and _stale(out, eager, finite, *prev):
+        return Verdict(Status.STALE_RESULT, f"{name}: same output as for the previous, different inputs "
+                       "(a cached result)")
+    if _constant(out, eager, finite):
+        return Verdict(Status.CONSTANT_OUTPUT, f"{name}: every judged element is {_span(out, finite)[0].item()}")
+    return within_tolerance(name, out, eager, high, finite, meta.dtype, row, where, i)
 
 
 def _stale(out: torch.Tensor, eager: torch.Tensor, finite: torch.Tensor, out_prev: torch.Tensor,

@@ -31,7 +31,7 @@ from forge.review.data import (
 )
 from forge.review.report import report_json
 from forge.review.svg import esc
-from forge.store import RunRecord, Store
+from forge.store import RunRecord, Store, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,28 @@ def create_app(store: Store) -> FastAPI:
     """The app over one store; it only reads."""
     app = FastAPI(title="forge ui", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    _add_headers_and_errors(app)
+    _add_api_routes(app, store)
+    _add_fragment_routes(app, store)
+    _add_page_routes(app, store)
+    return app
+
+
+def _runs_version(runs: list[RunRecord]) -> tuple[str, bool]:
+    """The run list's version for the page to poll, and whether any run is still running."""
+    return ";".join(f"{r.id}:{r.state}:{r.forge_ms}" for r in runs), any(r.state == "running" for r in runs)
+
+
+def _run_task(store: Store, run_id: str, task_id: int) -> tuple[RunRecord, TaskRecord]:
+    """The run and one of its tasks; KeyError (a 404) if either is unknown or the task is another run's."""
+    run, task = find_run(store, run_id), store.get_task(task_id)
+    if task.run_id != run.id:
+        raise KeyError(f"task {task_id} is not in run {run.id}")
+    return run, task
+
+
+def _add_headers_and_errors(app: FastAPI) -> None:
+    """The security headers on every response, KeyError as a 404 (JSON under /api/) and an empty favicon."""
 
     @app.middleware("http")
     async def headers(request: Request, call_next: Any) -> Response:
@@ -99,19 +121,18 @@ def create_app(store: Store) -> FastAPI:
             return JSONResponse({"error": message}, status_code=404)
         return PlainTextResponse(message, status_code=404)
 
-    def runs_version(runs: list[RunRecord]) -> tuple[str, bool]:
-        return ";".join(f"{r.id}:{r.state}:{r.forge_ms}" for r in runs), any(r.state == "running" for r in runs)
-
     @app.get("/favicon.ico")
     def favicon() -> Response:
         return Response(status_code=204)
 
-    # -- JSON -------------------------------------------------------------------------------------
+
+def _add_api_routes(app: FastAPI, store: Store) -> None:
+    """The JSON routes under /api/: runs, a run's report, a task's tree, a node in full."""
 
     @app.get("/api/runs")
     def api_runs() -> dict[str, Any]:
         runs = store.list_runs()
-        version, running = runs_version(runs)
+        version, running = _runs_version(runs)
         return {"version": version, "running": running, "runs": [
             {"id": s.run.id, "model": s.run.model, "device": s.run.device, "dtype": s.run.dtype,
              "policy": s.run.policy, "state": s.run.state, "created_at": s.run.created_at.isoformat(),
@@ -125,16 +146,16 @@ def create_app(store: Store) -> FastAPI:
 
     @app.get("/api/runs/{run_id}/tasks/{task_id}")
     def api_task(run_id: str, task_id: int) -> dict[str, Any]:
-        run, task = find_run(store, run_id), store.get_task(task_id)
-        if task.run_id != run.id:
-            raise KeyError(f"task {task_id} is not in run {run.id}")
+        run, task = _run_task(store, run_id, task_id)
         return tree_json(task_view(store, task), run.state)
 
     @app.get("/api/nodes/{node_id}")
     def api_node(node_id: int) -> dict[str, Any]:
         return node_json(node_detail(store, node_id))
 
-    # -- HTML fragments (escaped on the server; the page script swaps them in) ---------------------
+
+def _add_fragment_routes(app: FastAPI, store: Store) -> None:
+    """The HTML fragments under /fragments/ (escaped on the server; the page script swaps them in)."""
 
     @app.get("/fragments/runs", response_class=HTMLResponse)
     def frag_runs() -> str:
@@ -148,12 +169,14 @@ def create_app(store: Store) -> FastAPI:
     def frag_node(node_id: int) -> str:
         return html.node_panel(node_detail(store, node_id))
 
-    # -- pages ------------------------------------------------------------------------------------
+
+def _add_page_routes(app: FastAPI, store: Store) -> None:
+    """The pages: the run list, a run and a task."""
 
     @app.get("/", response_class=HTMLResponse)
     def page_runs() -> str:
         runs = store.list_runs()
-        version, running = runs_version(runs)
+        version, running = _runs_version(runs)
         body = (f'{_nav()}<h1>Runs <span class="live" id="live"></span></h1><div id="content">'
                 f"{html.runs_table([summarize(store, r) for r in runs])}</div>")
         return html.page("forge runs", body, inline_css=False, scripts=["/static/forge.js"],
@@ -170,23 +193,24 @@ def create_app(store: Store) -> FastAPI:
 
     @app.get("/runs/{run_id}/tasks/{task_id}", response_class=HTMLResponse)
     def page_task(run_id: str, task_id: int) -> str:
-        run, task = find_run(store, run_id), store.get_task(task_id)
-        if task.run_id != run.id:
-            raise KeyError(f"task {task_id} is not in run {run.id}")
-        view = task_view(store, task)
-        summary = summarize(store, run)
-        body = (f'{_nav((run.id, f"/runs/{run.id}"), (task.key, ""))}'
-                f'<h1>task {esc(task.key)} <span class="live" id="live"></span></h1>'
-                f'<div id="task-summary">{html.task_summary(view)}</div>'
-                f'<p class="note">{esc(run.model)} on {esc(run.device)}, run speedup '
-                f"{esc(html.fmt_x(summary.speedup))}. Click a node to see its code, diff, logs, timing and "
-                "prompt. Green: passed (gold ring: the best), red: rejected, grey: the eager baseline.</p>"
-                '<div class="task-layout"><div id="tree"></div><div id="panel"><p class="empty">Select a node.'
-                "</p></div></div>"
-                f"<h2>Reference (eager PyTorch)</h2><pre class=\"code\">{esc(task.source)}</pre>")
-        attrs = (f'data-tree="/api/runs/{esc(run.id)}/tasks/{task.id}" '
-                 f'data-running="{"1" if run.state == "running" else "0"}"')
-        return html.page(f"forge task {task.key}", body, inline_css=False, scripts=["/static/forge.js"],
-                         body_attrs=attrs)
+        run, task = _run_task(store, run_id, task_id)
+        return _task_page(store, run, task)
 
-    return app
+
+def _task_page(store: Store, run: RunRecord, task: TaskRecord) -> str:
+    """A task's page: its summary, the tree the page script draws (from the task's API route) and the reference."""
+    view = task_view(store, task)
+    summary = summarize(store, run)
+    body = (f'{_nav((run.id, f"/runs/{run.id}"), (task.key, ""))}'
+            f'<h1>task {esc(task.key)} <span class="live" id="live"></span></h1>'
+            f'<div id="task-summary">{html.task_summary(view)}</div>'
+            f'<p class="note">{esc(run.model)} on {esc(run.device)}, run speedup '
+            f"{esc(html.fmt_x(summary.speedup))}. Click a node to see its code, diff, logs, timing and "
+            "prompt. Green: passed (gold ring: the best), red: rejected, grey: the eager baseline.</p>"
+            '<div class="task-layout"><div id="tree"></div><div id="panel"><p class="empty">Select a node.'
+            "</p></div></div>"
+            f"<h2>Reference (eager PyTorch)</h2><pre class=\"code\">{esc(task.source)}</pre>")
+    attrs = (f'data-tree="/api/runs/{esc(run.id)}/tasks/{task.id}" '
+             f'data-running="{"1" if run.state == "running" else "0"}"')
+    return html.page(f"forge task {task.key}", body, inline_css=False, scripts=["/static/forge.js"],
+                     body_attrs=attrs)

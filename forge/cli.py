@@ -55,12 +55,16 @@ def load_model(args: argparse.Namespace):  # noqa: ANN201 - returns forge.captur
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """forge profile: tasks by share of time."""
-    from forge.capture.profile import profile_model
+    from forge.capture.profile import profile_blockwise, profile_model
     from forge.tasks.render import print_profile
 
     loaded = load_model(args)
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}
-    prof, _ = profile_model(loaded, budget_s=args.budget, extra={"sizes": sizes} if sizes else None)
+    extra = {"sizes": sizes} if sizes else None
+    # on meta (shapes only), a model of repeated blocks is captured one distinct block at a time
+    prof = profile_blockwise(loaded, extra) if loaded.device == "meta" and not args.whole else None
+    if prof is None:
+        prof, _ = profile_model(loaded, budget_s=args.budget, extra=extra)
     print_profile(prof, top=args.top)
     if args.json:
         prof.save(args.json)
@@ -195,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the profile as JSON")
     p.add_argument("--top", type=int, default=25, help="rows to show (0: all)")
     p.add_argument("--budget", type=float, default=5.0, help="seconds of timed runs (after warm-up)")
+    p.add_argument("--whole", action="store_true",
+                   help="on meta, capture the whole graph even where the model has repeated blocks")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("eval", help="build, verify and benchmark one kernel for one task")

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from forge.capture.blocks import blockwise
 from forge.capture.export import Capture, capture
 from forge.capture.layout import apply as apply_layout
 from forge.capture.layout import choose as choose_layout
@@ -90,6 +91,18 @@ class Profile:
             return cls.parse(json.loads(Path(path).read_text()))
         except json.JSONDecodeError as e:
             raise ValueError(f"Invalid profile {path}: not JSON ({e})") from e
+
+
+def profile_blockwise(loaded: LoadedModel, extra: dict[str, Any] | None = None) -> Profile | None:
+    """A meta model's tasks captured one distinct block at a time (forge.capture.blocks), without times; None
+    where the model has no repeated blocks to cut it by."""
+    if loaded.device != "meta":
+        raise ValueError("block-wise profiles are untimed: meta models only")
+    bw = blockwise(loaded.model, loaded.inputs)
+    if bw is None:
+        return None
+    info = {"torch": torch.__version__, **(extra or {}), "layout": "", "blocks": bw.blocks}
+    return Profile(loaded.name, "meta", loaded.dtype, None, bw.tasks, None, bw.nodes, bw.seconds, info)
 
 
 def profile_model(loaded: LoadedModel, *, budget_s: float = 5.0, extra: dict[str, Any] | None = None,

@@ -240,10 +240,12 @@ def render(region: list[torch.fx.Node]) -> Rendered:
     )
 
 
-def build_tasks(graph: torch.fx.Graph, node_ms: dict[str, float] | None = None) -> list[Task]:
-    """Cut, render and group the graph's regions into tasks, sorted by time (or by first appearance)."""
+def build_tasks(graph: torch.fx.Graph, node_ms: dict[str, float] | None = None,
+                scope: Callable[[torch.fx.Node], str] | None = None) -> list[Task]:
+    """Cut, render and group the graph's regions into tasks, sorted by time (or by first appearance);
+    `scope`: regions do not cross it (forge.tasks.regions.cut)."""
     by_key: dict[str, list[Rendered]] = {}
-    for region in cut(graph):
+    for region in cut(graph, scope):
         r = render(region)
         by_key.setdefault(r.key, []).append(r)
     total = sum(node_ms.values()) if node_ms else None

@@ -5,12 +5,14 @@ replaced by one kernel call. Rules (forge.tasks.ops gives each op its Kind):
 - HEAVY and SINGLE ops are regions of their own; views feeding only one heavy op join it (a
   transposed weight is part of its matmul);
 - connected POINTWISE, VIEW and FACTORY nodes around at most one REDUCE node form one region;
-- `getitem` of a multi-output op stays with its producer.
+- `getitem` of a multi-output op stays with its producer;
+- with a `scope` (a node's block, forge.capture.blocks), nodes of different scopes are never one region.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch.fx
@@ -29,6 +31,7 @@ class _Group:
     fusible: bool
     reduces: int
     ext: set[torch.fx.Node] = field(default_factory=set)  # call_function inputs from outside
+    scope: str = ""
 
 
 def is_noop(node: torch.fx.Node) -> bool:
@@ -38,8 +41,9 @@ def is_noop(node: torch.fx.Node) -> bool:
         name.split(".")[0] in _NOOPS or (node.meta.get("val") is None and not node.users))
 
 
-def cut(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
-    """Regions of `graph`, each a list of nodes in graph order, regions in order of their first node."""
+def cut(graph: torch.fx.Graph, scope: Callable[[torch.fx.Node], str] | None = None) -> list[list[torch.fx.Node]]:
+    """Regions of `graph`, each a list of nodes in graph order, regions in order of their first node;
+    `scope`: what a node belongs to (regions do not cross scopes; default: one scope)."""
     nodes = [n for n in graph.nodes if n.op == "call_function" and not is_noop(n)]
     bit = {n: i for i, n in enumerate(nodes)}
     anc: dict[torch.fx.Node, int] = {}  # bitset of call_function ancestors
@@ -49,7 +53,7 @@ def cut(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
             if p in bit:
                 a |= anc[p] | (1 << bit[p])
         anc[n] = a
-    group = _grown(nodes, bit, anc)
+    group = _grown(nodes, bit, anc, scope or (lambda n: ""))
     groups: list[_Group] = []
     seen: set[int] = set()
     for n in nodes:
@@ -64,8 +68,8 @@ def cut(graph: torch.fx.Graph) -> list[list[torch.fx.Node]]:
     return out
 
 
-def _grown(nodes: list[torch.fx.Node], bit: dict[torch.fx.Node, int], anc: dict[torch.fx.Node, int]
-           ) -> dict[torch.fx.Node, _Group]:
+def _grown(nodes: list[torch.fx.Node], bit: dict[torch.fx.Node, int], anc: dict[torch.fx.Node, int],
+           scope: Callable[[torch.fx.Node], str]) -> dict[torch.fx.Node, _Group]:
     """Each node's group: in graph order, a fusible node joins the groups of its inputs, largest first, where
     the union stays convex and holds one reduction at most."""
     group: dict[torch.fx.Node, _Group] = {}
@@ -79,12 +83,12 @@ def _grown(nodes: list[torch.fx.Node], bit: dict[torch.fx.Node, int], anc: dict[
             group[n] = g
             continue
         fusible = k in (Kind.POINTWISE, Kind.VIEW, Kind.FACTORY, Kind.REDUCE)
-        g = _Group([n], 1 << bit[n], fusible, int(k is Kind.REDUCE), set(ins))
+        g = _Group([n], 1 << bit[n], fusible, int(k is Kind.REDUCE), set(ins), scope(n))
         if fusible:
             cands: list[_Group] = []
             for p in ins:
                 c = group[p]
-                if c.fusible and all(c is not x for x in cands):
+                if c.fusible and c.scope == g.scope and all(c is not x for x in cands):
                     cands.append(c)
             for c in sorted(cands, key=lambda c: -len(c.members)):
                 m = _merged(c, g, bit, anc)
@@ -106,7 +110,7 @@ def _merged(a: _Group, b: _Group, bit: dict[torch.fx.Node, int], anc: dict[torch
         outside |= anc[p]
     if outside & bits:
         return None
-    return _Group(a.members + b.members, bits, True, a.reduces + b.reduces, ext)
+    return _Group(a.members + b.members, bits, True, a.reduces + b.reduces, ext, a.scope)
 
 
 def _views_into_heavy_ops(groups: list[_Group], group: dict[torch.fx.Node, _Group]) -> None:
@@ -119,7 +123,7 @@ def _views_into_heavy_ops(groups: list[_Group], group: dict[torch.fx.Node, _Grou
         if len(owners) != 1 or len(users) != sum(1 for u in users if u in group):
             continue
         (h,) = owners.values()
-        if h.fusible:
+        if h.fusible or h.scope != g.scope:
             continue
         h.members = g.members + h.members
         h.bits |= g.bits

@@ -31,6 +31,9 @@ def print_profile(prof: Profile, top: int = 25, console: Console | None = None) 
         title += f", {prof.total_ms:.3f} ms summed over nodes"
         if prof.forward_ms is not None:
             title += f", forward {prof.forward_ms:.3f} ms"
+    blocks = prof.extra.get("blocks")
+    if blocks:  # forge.capture.blocks: nodes counts each distinct block once
+        title += f" (block-wise: {sum(blocks.values())} blocks, {len(blocks)} distinct, captured once each)"
     table = Table(title=title, title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("task", no_wrap=True)

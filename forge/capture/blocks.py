@@ -1,0 +1,294 @@
+"""Block-wise capture: a model of repeated blocks captured one distinct block at a time, plus the glue.
+
+A model's repeated blocks are the members of its first `nn.ModuleList` (in module order) of at least two
+members (decoder layers, transformer blocks). The glue is the model captured with every block passed
+through: its outputs (their structure found by running the block on export's fake tensors outside the
+trace, once per distinct call) are opaque copies of its inputs of the same shape, dtype and strides (a
+residual stream's output is like its input), so the glue's regions end where a block was; that capture
+also records each block's call (positional and keyword arguments, as export traced them). Blocks whose class,
+parameters, buffers and call (shapes, dtypes, strides, constants) agree are one distinct block: it is
+captured once (forge.capture.export.capture) on empty tensors of the recorded shapes, and its tasks count
+once per repetition. Tasks of the same key across the glue and the blocks are one task.
+
+Export time grows with the number of distinct blocks, not with depth. The tasks are those of the whole
+graph cut at the block boundaries (`block_scope`). A model without such blocks, or with a block whose
+output has a tensor none of its inputs is like, is not cut this way (`blockwise` returns None).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from forge.capture.export import Capture, TensorMeta, capture
+from forge.errors import UserError
+from forge.tasks.cut import Task, build_tasks
+
+log = logging.getLogger(__name__)
+
+PASSED = "forge_capture.passed_block.default"  # a block passed through in the glue, as Task.ops names it
+
+
+@dataclass(frozen=True)
+class Call:
+    """One recorded block call: where the block is, its signature, and its arguments (tensors as Specs)."""
+
+    path: str
+    signature: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Blockwise:
+    """A model's tasks from its distinct blocks and its glue."""
+
+    tasks: tuple[Task, ...]
+    blocks: dict[str, int]  # the first path of each distinct block -> its repetitions
+    nodes: int  # ATen nodes captured (glue and one of each distinct block)
+    seconds: float
+
+
+def block_list(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The members of the model's first ModuleList of two or more, with their paths."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) >= 2:
+            return [(f"{name}.{i}" if name else str(i), m) for i, m in enumerate(mod)]
+    return []
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A tensor argument of a recorded call: what is needed to make one like it outside the trace."""
+
+    meta: TensorMeta
+    device: str
+
+    def make(self) -> torch.Tensor:
+        """An empty tensor of this shape, stride and dtype on this device."""
+        return torch.empty_strided(self.meta.shape, self.meta.stride, dtype=self.meta.torch_dtype,
+                                   device=self.device)
+
+
+def _spec(x: Any) -> Any:
+    """A traced tensor as its Spec; anything else as is."""
+    return Spec(TensorMeta.of(x), str(x.device)) if isinstance(x, torch.Tensor) else x
+
+
+def _describe(x: Any) -> str:
+    """A call argument as text: tensors by meta, containers by their members, the rest by repr."""
+    if isinstance(x, Spec):
+        return f"T{x.meta.shape}{x.meta.dtype}{x.meta.stride}{x.device}"
+    if isinstance(x, (tuple, list)):
+        return f"{type(x).__name__}({', '.join(_describe(v) for v in x)})"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k}: {_describe(v)}" for k, v in sorted(x.items())) + "}"
+    return repr(x)
+
+
+def signature(block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """What makes two blocks one: class, parameters and buffers (names, shapes, dtypes) and the call."""
+    state = [(n, tuple(t.shape), str(t.dtype)) for n, t in (*block.named_parameters(), *block.named_buffers())]
+    return f"{type(block).__qualname__}|{state}|{_describe(args)}|{_describe(kwargs)}"
+
+
+@dataclass
+class _Seen:
+    """What the blocks were called with during the glue's capture (not module state: export restores that)."""
+
+    calls: dict[str, Call] = field(default_factory=dict)
+    given: list[torch.Tensor] = field(default_factory=list)
+
+
+class _Glue(torch.nn.Module):
+    """The model with its blocks passed through, returning also every tensor a block was given: what only
+    blocks read (a causal mask, rotary tables) is glue work and must stay in the glue's graph."""
+
+    def __init__(self, model: torch.nn.Module, blocks: list[tuple[str, torch.nn.Module]]) -> None:
+        super().__init__()
+        self.model = model
+        self.paths = {id(m): p for p, m in blocks}
+        self.seen = _Seen()
+
+    def on_call(self, mod: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook of a block: record its call (tensors as Specs) and keep what it was given."""
+        a, kw = pytree.tree_map(_spec, (tuple(args), dict(kwargs)))
+        path = self.paths[id(mod)]
+        self.seen.calls[path] = Call(path, signature(mod, a, kw), a, kw)
+        self.seen.given += [x for x in pytree.tree_leaves((tuple(args)[1:], dict(kwargs)))
+                            if isinstance(x, torch.Tensor)]
+
+    def forward(self, *inputs: Any) -> Any:
+        self.seen.given.clear()
+        out = self.model(*inputs)
+        return out, *self.seen.given
+
+
+class _Bound(torch.nn.Module):
+    """A block called with its recorded constants: the tensors of its call come in positionally."""
+
+    def __init__(self, block: torch.nn.Module, call: Call) -> None:
+        super().__init__()
+        self.block = block
+        leaves, self._spec = pytree.tree_flatten((call.args, call.kwargs))
+        self._tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, Spec)]
+        self._leaves = [v.make() if isinstance(v, Spec) else v for v in leaves]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The call's tensors, in the order forward takes them."""
+        return [self._leaves[i] for i in self._tensor_at]
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        leaves = list(self._leaves)
+        for i, t in zip(self._tensor_at, tensors, strict=True):
+            leaves[i] = t
+        args, kwargs = pytree.tree_unflatten(leaves, self._spec)
+        return self.block(*args, **kwargs)
+
+
+@torch.library.custom_op("forge_capture::passed_block", mutates_args=())
+def passed_block(x: torch.Tensor) -> torch.Tensor:
+    """A block passed through in the glue: opaque, so that the glue's regions end where a block was (the
+    regions on either side of a block are not one region); its own task is dropped."""
+    return x.clone()
+
+
+@passed_block.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _output_of(block: torch.nn.Module, forward: Any, args: tuple, kwargs: dict, seen: dict[str, Any]
+               ) -> tuple[list[Any], Any]:
+    """The block's output leaves (tensors as Specs) and structure on this call: the block run on export's
+    fake tensors with the tracing set aside (nothing enters the glue's graph), once per signature."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    key = signature(block, *pytree.tree_map(_spec, (tuple(args), dict(kwargs))))
+    if key not in seen:
+        with disable_proxy_modes_tracing():
+            leaves, tree = pytree.tree_flatten(forward(*args, **kwargs))
+        seen[key] = ([_spec(x) for x in leaves], tree)
+    return seen[key]
+
+
+class NotThrough(Exception):
+    """A block's output has a tensor that none of its inputs is like: it cannot be passed through."""
+
+
+def _through(leaves: list[Any], tree: Any, args: tuple, kwargs: dict) -> Any:
+    """A block's output made of its inputs: each output tensor is an opaque copy of the first unused input
+    tensor of its shape, dtype and strides (a residual stream's output is its input's like)."""
+    given = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    used: set[int] = set()
+    out = []
+    for leaf in leaves:
+        if not isinstance(leaf, Spec):
+            out.append(leaf)
+            continue
+        i = next((i for i, x in enumerate(given) if i not in used and TensorMeta.of(x) == leaf.meta), None)
+        if i is None:
+            raise NotThrough(f"no input like its output {leaf.meta}")
+        used.add(i)
+        out.append(passed_block(given[i]))
+    return pytree.tree_unflatten(out, tree)
+
+
+@contextmanager
+def _passed_through(blocks: list[tuple[str, torch.nn.Module]]) -> Iterator[None]:
+    """Every block's forward returns its output made of its inputs (_through), for capturing the glue."""
+    seen: dict[str, Any] = {}
+
+    def passed(m: torch.nn.Module, forward: Any) -> Any:
+        def through(*args: Any, **kwargs: Any) -> Any:
+            return _through(*_output_of(m, forward, args, kwargs, seen), args, kwargs)
+        return through
+
+    for _, m in blocks:
+        m.forward = passed(m, m.forward)  # an instance attribute: nn.Module.__call__ finds it first
+    try:
+        yield
+    finally:
+        for _, m in blocks:
+            del m.forward
+
+
+def _merge(parts: list[tuple[list[Task], int, str]]) -> tuple[Task, ...]:
+    """Tasks of several graphs, each repeated n times, merged by key (counts and times summed); occurrences
+    are named `prefix:node` after the graph they were found in."""
+    by_key: dict[str, Task] = {}
+    for tasks, n, prefix in parts:
+        for t in tasks:
+            if PASSED in t.ops:  # a block passed through: not work of the glue
+                continue
+            occ = tuple(tuple(f"{prefix}:{x}" for x in o) for o in t.occurrences)
+            ms = t.ms * n if t.ms is not None else None
+            if t.key in by_key:
+                old = by_key[t.key]
+                ms = old.ms + ms if old.ms is not None and ms is not None else None
+                by_key[t.key] = replace(old, count=old.count + t.count * n, ms=ms,
+                                        occurrences=old.occurrences + occ)
+            else:
+                by_key[t.key] = replace(t, count=t.count * n, ms=ms, share=None, occurrences=occ)
+    return tuple(sorted(by_key.values(), key=lambda t: -t.count * t.bytes))
+
+
+def _nodes(cap: Capture) -> int:
+    return sum(1 for n in cap.graph_module.graph.nodes if n.op == "call_function")
+
+
+def block_scope(paths: list[str]) -> Callable[[torch.fx.Node], str]:
+    """A node's block in a whole-graph capture (its module stack's block path, "" for glue): a whole graph cut
+    with it gives the regions a block-wise capture gives."""
+    known = set(paths)
+
+    def scope(node: torch.fx.Node) -> str:
+        for path, _ in (node.meta.get("nn_module_stack") or {}).values():
+            if path in known:
+                return path
+        return ""
+    return scope
+
+
+def blockwise(model: torch.nn.Module, inputs: list[Any]) -> Blockwise | None:
+    """The model's tasks captured block-wise (module docstring), without times; None where it does not
+    apply (no repeated blocks, a block with an output tensor that none of its inputs is like)."""
+    start = time.perf_counter()
+    blocks = block_list(model)
+    if not blocks:
+        return None
+    glue_model = _Glue(model, blocks)
+    handles = [m.register_forward_pre_hook(glue_model.on_call, with_kwargs=True) for _, m in blocks]
+    try:
+        with _passed_through(blocks):
+            glue = capture(glue_model, inputs)
+    except UserError as e:
+        if not isinstance(e.__cause__, NotThrough):
+            raise
+        log.info("block-wise capture: a block cannot be passed through (%s); whole graph", e.__cause__)
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    distinct: dict[str, list[Call]] = {}
+    if len(glue_model.seen.calls) != len(blocks):
+        return None  # a block the forward did not call
+    for c in glue_model.seen.calls.values():
+        distinct.setdefault(c.signature, []).append(c)
+    parts, nodes, by_path = [(build_tasks(glue.graph_module.graph), 1, "glue")], _nodes(glue), dict(blocks)
+    for group in distinct.values():
+        bound = _Bound(by_path[group[0].path], group[0])
+        cap = capture(bound, bound.tensors())
+        nodes += _nodes(cap)
+        parts.append((build_tasks(cap.graph_module.graph), len(group), group[0].path))
+    seconds = time.perf_counter() - start
+    log.info("block-wise capture: %d blocks, %d distinct, %d ATen nodes in %.1f s", len(blocks), len(distinct),
+             nodes, seconds)
+    return Blockwise(_merge(parts), {g[0].path: len(g) for g in distinct.values()}, nodes, seconds)

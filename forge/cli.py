@@ -61,8 +61,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     loaded = load_model(args)
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}
     extra = {"sizes": sizes} if sizes else None
-    # on meta (shapes only), a model of repeated blocks is captured one distinct block at a time
-    prof = profile_blockwise(loaded, extra) if loaded.device == "meta" and not args.whole else None
+    if args.blocks and loaded.device != "meta":
+        raise UserError("--blocks profiles are untimed: use it with --device meta")
+    # a model of repeated blocks captured one distinct block at a time (where it applies; else whole)
+    prof = profile_blockwise(loaded, extra) if args.blocks else None
     if prof is None:
         prof, _ = profile_model(loaded, budget_s=args.budget, extra=extra)
     print_profile(prof, top=args.top)
@@ -199,8 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the profile as JSON")
     p.add_argument("--top", type=int, default=25, help="rows to show (0: all)")
     p.add_argument("--budget", type=float, default=5.0, help="seconds of timed runs (after warm-up)")
-    p.add_argument("--whole", action="store_true",
-                   help="on meta, capture the whole graph even where the model has repeated blocks")
+    p.add_argument("--blocks", action="store_true",
+                   help="with --device meta: capture each distinct repeated block once (faster on deep models; "
+                        "regions stop at block boundaries, so keys there differ from a whole-graph profile's)")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("eval", help="build, verify and benchmark one kernel for one task")

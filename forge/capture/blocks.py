@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 from forge.capture.export import Capture, TensorMeta, capture
 from forge.errors import UserError
 from forge.tasks.cut import Task, build_tasks
+from forge.tasks.ops import op_name
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +52,20 @@ class Blockwise:
     """A model's tasks from its distinct blocks and its glue."""
 
     tasks: tuple[Task, ...]
-    blocks: dict[str, int]  # the first path of each distinct block -> its repetitions
+    blocks: dict[str, int]  # the first path of each distinct block -> its calls in a forward
     nodes: int  # ATen nodes captured (glue and one of each distinct block)
     seconds: float
 
 
 def block_list(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """The members of the model's first ModuleList of two or more, with their paths."""
-    for name, mod in model.named_modules():
-        if isinstance(mod, torch.nn.ModuleList) and len(mod) >= 2:
-            return [(f"{name}.{i}" if name else str(i), m) for i, m in enumerate(mod)]
-    return []
+    """The members of the model's ModuleList of two or more distinct modules that holds the most parameter
+    elements (the decoder layers, not a block's [Linear, Dropout]), with their paths."""
+    lists = [(name, mod) for name, mod in model.named_modules()
+             if isinstance(mod, torch.nn.ModuleList) and len({id(m) for m in mod}) == len(mod) >= 2]
+    if not lists:
+        return []
+    name, best = max(lists, key=lambda nm: sum(p.numel() for p in nm[1].parameters()))
+    return [(f"{name}.{i}" if name else str(i), m) for i, m in enumerate(best)]
 
 
 @dataclass(frozen=True)
@@ -93,17 +97,39 @@ def _describe(x: Any) -> str:
     return repr(x)
 
 
+# Attributes that number a block among its kind (transformers' layer_idx): two blocks that differ only
+# there are one block. A forward that branches on one of them is a limit of block-wise capture.
+_INDEX_ATTRS = {"layer_idx", "layer_id", "layer_number", "block_idx", "idx"}
+_CONSTANTS = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def _attributes(block: torch.nn.Module) -> list[tuple[str, str, str, str]]:
+    """Each submodule's path, class, extra_repr (a GELU's approximation, a norm's eps) and plain
+    attributes (a layer's type, a sliding window, a flag), index attributes left out."""
+    out = []
+    for path, m in block.named_modules():
+        plain = sorted((k, repr(v)) for k, v in vars(m).items()
+                       if not k.startswith("_") and k not in _INDEX_ATTRS and isinstance(v, _CONSTANTS))
+        out.append((path, type(m).__qualname__, m.extra_repr(), repr(plain)))
+    return out
+
+
 def signature(block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """What makes two blocks one: class, parameters and buffers (names, shapes, dtypes) and the call."""
+    """What makes two blocks one: class, submodules (classes, settings, plain attributes), parameters and
+    buffers (names, shapes, dtypes) and the call (forge.capture.blocks module docstring)."""
     state = [(n, tuple(t.shape), str(t.dtype)) for n, t in (*block.named_parameters(), *block.named_buffers())]
-    return f"{type(block).__qualname__}|{state}|{_describe(args)}|{_describe(kwargs)}"
+    return f"{type(block).__qualname__}|{_attributes(block)}|{state}|{_describe(args)}|{_describe(kwargs)}"
+
+
+class NotBlockwise(Exception):
+    """Why a model cannot be captured block-wise (it is captured whole)."""
 
 
 @dataclass
 class _Seen:
     """What the blocks were called with during the glue's capture (not module state: export restores that)."""
 
-    calls: dict[str, Call] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
     given: list[torch.Tensor] = field(default_factory=list)
 
 
@@ -117,15 +143,18 @@ class _Glue(torch.nn.Module):
         self.paths = {id(m): p for p, m in blocks}
         self.seen = _Seen()
 
-    def on_call(self, mod: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def on_call(self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Forward pre-hook of a block: record its call (tensors as Specs) and keep what it was given."""
         a, kw = pytree.tree_map(_spec, (tuple(args), dict(kwargs)))
+        odd = [type(v).__name__ for v in pytree.tree_leaves((a, kw)) if not isinstance(v, (Spec, *_CONSTANTS))]
+        if odd:  # a cache or other state shared between blocks: what one block does is not all of it
+            raise NotBlockwise(f"a block is called with a {odd[0]}")
         path = self.paths[id(mod)]
-        self.seen.calls[path] = Call(path, signature(mod, a, kw), a, kw)
-        self.seen.given += [x for x in pytree.tree_leaves((tuple(args)[1:], dict(kwargs)))
-                            if isinstance(x, torch.Tensor)]
+        self.seen.calls.append(Call(path, signature(mod, a, kw), a, kw))
+        self.seen.given += [x for x in pytree.tree_leaves((tuple(args), dict(kwargs))) if isinstance(x, torch.Tensor)]
 
     def forward(self, *inputs: Any) -> Any:
+        self.seen.calls.clear()
         self.seen.given.clear()
         out = self.model(*inputs)
         return out, *self.seen.given
@@ -179,10 +208,6 @@ def _output_of(block: torch.nn.Module, forward: Any, args: tuple, kwargs: dict, 
     return seen[key]
 
 
-class NotThrough(Exception):
-    """A block's output has a tensor that none of its inputs is like: it cannot be passed through."""
-
-
 def _through(leaves: list[Any], tree: Any, args: tuple, kwargs: dict) -> Any:
     """A block's output made of its inputs: each output tensor is an opaque copy of the first unused input
     tensor of its shape, dtype and strides (a residual stream's output is its input's like)."""
@@ -193,9 +218,10 @@ def _through(leaves: list[Any], tree: Any, args: tuple, kwargs: dict) -> Any:
         if not isinstance(leaf, Spec):
             out.append(leaf)
             continue
-        i = next((i for i, x in enumerate(given) if i not in used and TensorMeta.of(x) == leaf.meta), None)
-        if i is None:
-            raise NotThrough(f"no input like its output {leaf.meta}")
+        like = [i for i, x in enumerate(given) if i not in used and TensorMeta.of(x) == leaf.meta]
+        if len(like) != 1:  # none, or two streams of one shape that could be wired either way
+            raise NotBlockwise(f"a block's output {leaf.meta} is like {len(like)} of its inputs, not one")
+        (i,) = like
         used.add(i)
         out.append(passed_block(given[i]))
     return pytree.tree_unflatten(out, tree)
@@ -211,13 +237,17 @@ def _passed_through(blocks: list[tuple[str, torch.nn.Module]]) -> Iterator[None]
             return _through(*_output_of(m, forward, args, kwargs, seen), args, kwargs)
         return through
 
-    for _, m in blocks:
+    own = {id(m): (m, vars(m).get("forward")) for _, m in blocks}  # a forward set on the instance stays
+    for m, _ in own.values():
         m.forward = passed(m, m.forward)  # an instance attribute: nn.Module.__call__ finds it first
     try:
         yield
     finally:
-        for _, m in blocks:
-            del m.forward
+        for m, before in own.values():
+            if before is None:
+                del m.forward
+            else:
+                m.forward = before
 
 
 def _merge(parts: list[tuple[list[Task], int, str]]) -> tuple[Task, ...]:
@@ -226,7 +256,7 @@ def _merge(parts: list[tuple[list[Task], int, str]]) -> tuple[Task, ...]:
     by_key: dict[str, Task] = {}
     for tasks, n, prefix in parts:
         for t in tasks:
-            if PASSED in t.ops:  # a block passed through: not work of the glue
+            if t.ops == (PASSED,):  # a block passed through: not work of the glue
                 continue
             occ = tuple(tuple(f"{prefix}:{x}" for x in o) for o in t.occurrences)
             ms = t.ms * n if t.ms is not None else None
@@ -241,6 +271,7 @@ def _merge(parts: list[tuple[list[Task], int, str]]) -> tuple[Task, ...]:
 
 
 def _nodes(cap: Capture) -> int:
+    """The capture's ATen call nodes."""
     return sum(1 for n in cap.graph_module.graph.nodes if n.op == "call_function")
 
 
@@ -257,38 +288,55 @@ def block_scope(paths: list[str]) -> Callable[[torch.fx.Node], str]:
     return scope
 
 
-def blockwise(model: torch.nn.Module, inputs: list[Any]) -> Blockwise | None:
-    """The model's tasks captured block-wise (module docstring), without times; None where it does not
-    apply (no repeated blocks, a block with an output tensor that none of its inputs is like)."""
-    start = time.perf_counter()
-    blocks = block_list(model)
-    if not blocks:
-        return None
+def _glue(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, torch.nn.Module]]
+          ) -> tuple[Capture, list[Call]]:
+    """The glue's capture (every block passed through) and every block call it saw; NotBlockwise if a
+    block was not called or cannot be passed through."""
     glue_model = _Glue(model, blocks)
     handles = [m.register_forward_pre_hook(glue_model.on_call, with_kwargs=True) for _, m in blocks]
     try:
         with _passed_through(blocks):
             glue = capture(glue_model, inputs)
     except UserError as e:
-        if not isinstance(e.__cause__, NotThrough):
-            raise
-        log.info("block-wise capture: a block cannot be passed through (%s); whole graph", e.__cause__)
-        return None
+        raise NotBlockwise(str(e.__cause__ or e)) from e
     finally:
         for h in handles:
             h.remove()
-    distinct: dict[str, list[Call]] = {}
-    if len(glue_model.seen.calls) != len(blocks):
-        return None  # a block the forward did not call
-    for c in glue_model.seen.calls.values():
-        distinct.setdefault(c.signature, []).append(c)
-    parts, nodes, by_path = [(build_tasks(glue.graph_module.graph), 1, "glue")], _nodes(glue), dict(blocks)
-    for group in distinct.values():
-        bound = _Bound(by_path[group[0].path], group[0])
-        cap = capture(bound, bound.tensors())
-        nodes += _nodes(cap)
-        parts.append((build_tasks(cap.graph_module.graph), len(group), group[0].path))
+    calls = list(glue_model.seen.calls)
+    if {c.path for c in calls} != {p for p, _ in blocks}:
+        raise NotBlockwise("a block the forward does not call")
+    return glue, calls
+
+
+def _glue_scope(node: torch.fx.Node) -> str:
+    """A passed block is a region of its own in the glue (no view of the glue joins it)."""
+    return "passed" if op_name(node.target) == "passed_block" else ""
+
+
+def blockwise(model: torch.nn.Module, inputs: list[Any]) -> Blockwise | None:
+    """The model's tasks captured block-wise (module docstring), without times; None where it does not
+    apply (logged): no repeated blocks, a block called with shared state (a cache), an output tensor that
+    is like none or several of its block's inputs, a block not called, a capture that failed."""
+    start = time.perf_counter()
+    blocks = block_list(model)
+    if not blocks:
+        return None
+    try:
+        glue, calls = _glue(model, inputs, blocks)
+        distinct: dict[str, list[Call]] = {}
+        for c in calls:
+            distinct.setdefault(c.signature, []).append(c)
+        parts = [(build_tasks(glue.graph_module.graph, scope=_glue_scope), 1, "glue")]
+        nodes, by_path = _nodes(glue), dict(blocks)
+        for group in distinct.values():
+            bound = _Bound(by_path[group[0].path], group[0])
+            cap = capture(bound, bound.tensors())
+            nodes += _nodes(cap)
+            parts.append((build_tasks(cap.graph_module.graph), len(group), group[0].path))
+    except (NotBlockwise, UserError) as e:
+        log.info("block-wise capture does not apply (%s): the whole graph is captured", e)
+        return None
     seconds = time.perf_counter() - start
-    log.info("block-wise capture: %d blocks, %d distinct, %d ATen nodes in %.1f s", len(blocks), len(distinct),
-             nodes, seconds)
+    log.info("block-wise capture: %d block calls, %d distinct, %d ATen nodes in %.1f s", len(calls),
+             len(distinct), nodes, seconds)
     return Blockwise(_merge(parts), {g[0].path: len(g) for g in distinct.values()}, nodes, seconds)

@@ -17,6 +17,7 @@ The prologue and epilogue are the task's own ops (forge.policy.recipes.emit), as
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch.fx
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
@@ -43,18 +44,9 @@ def nhwc_norm_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowe
         raise NotMine(f"channels-last outputs of aten.{low.op}: no NHWC schedule")
     gm = trace_task(spec)
     red = next(n for n in gm.graph.nodes if n.op == "call_function" and rowreduce.op_name(n.target) == low.op)
-    n_, c_, hw, g_ = (int(a) for a in red.args[3:7])
-    cg = c_ // g_
-    vec = vec_for(cg, knobs.vec)
-    if (cg // vec) & (cg // vec - 1) or cg // vec > 32:
-        raise NotMine(f"{cg // vec} vectors a group: not a power of two up to a warp")
-    ct = c_ // vec  # threads across the channels of a position
-    if ct > knobs.threads or knobs.threads % ct or knobs.threads % 32:  # whole warps: the shuffles need them
-        raise NotMine(f"{ct} threads a position do not tile a block of {knobs.threads}")
-    rp = knobs.threads // ct  # positions a block works on at once
-    tiles = max(1, min(max(1, RESIDENT // knobs.threads // n_), -(-hw // rp)))
-    pt = -(-hw // tiles)  # positions a tile
-    tiles = -(-hw // pt)
+    shape = _schedule(red, low, knobs)
+    n_, c_, hw, g_, cg, vec = shape.n, shape.c, shape.hw, shape.g, shape.cg, shape.vec
+    tiles, pt = shape.tiles, shape.pt
     n, p, c, c0, g = var("n"), var("p"), var("c"), var("c0"), var("g")
     simplify = Simplifier({n: n_, p: hw, c: c_, c0: c_, g: g_})
     i = n * c_ * hw + c * hw + p  # the logical (row-major) index of channel c at position p of sample n
@@ -84,24 +76,10 @@ def nhwc_norm_source(spec: TaskSpec, knobs: CudaRowKnobs, low: rowreduce.RowLowe
 
     epi.special = {red: normalized}
     (out_node,) = [o for o in gm.graph.nodes if o.op == "output"]
-    packs, stores, writes = [], [], []
-    for j, (o, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
-        if m.numel != n_ * c_ * hw:
-            raise NotMine("an output that is not full-size (the statistics)")
-        if m.written().channels_last and m.shape[:2] != (n_, c_):
-            raise NotMine(f"a channels-last output of shape {m.shape}, not ({n_}, {c_}, H, W)")
-        value = from_float(epi.value(o, i), m.torch_dtype)
-        if not m.written().channels_last:  # row-major (a (b, c, h*w) view, say): element by element, strided
-            stores.append(f"out{j}_p[{cexpr(simplify(i))}] = {value};")
-            continue
-        ctype = FLOAT_TYPES[m.torch_dtype]
-        packs.append(f"Pack<{ctype}, V> st{j};")
-        stores.append(f"st{j}.v[v] = {value};")
-        writes.append(f"*reinterpret_cast<Pack<{ctype}, V>*>(out{j}_p + ((idx_t)n * {hw} + p) * {c_} + c0) = st{j};")
+    packs, stores, writes = _stores(spec, out_node.args[0], shape, i, simplify, epi)
     assert pro_vec is not None and epi_vec is not None
     aligned = pro_vec.aligned | epi_vec.aligned
     vector_outputs = {j for j, m in enumerate(spec.outputs) if m.written().channels_last}
-    shape = _Shape(n_, c_, hw, g_, cg, vec, ct, rp, pt, tiles, low.length, knobs.threads)
     body_a = _element_loop(shape, pro_vec.lines, [*pro.lines, f"const float x = {x_expr};",
                                                   "const float d = x - piv; t1 += d; t2 += d * d;"])
     body_c = _element_loop(shape, epi_vec.lines + packs, [*epi.lines, *stores], writes)
@@ -121,6 +99,46 @@ class _Shape:
                  length: int, threads: int) -> None:
         self.n, self.c, self.hw, self.g, self.cg, self.vec, self.ct, self.rp = n, c, hw, g, cg, vec, ct, rp
         self.pt, self.tiles, self.length, self.threads = pt, tiles, length, threads
+
+
+def _schedule(red: torch.fx.Node, low: rowreduce.RowLowered, knobs: CudaRowKnobs) -> _Shape:
+    """The schedule's sizes for this GroupNorm and knobs; NotMine where a group's channels are not a power of
+    two of vectors up to a warp, or a position's threads do not tile the block."""
+    n_, c_, hw, g_ = (int(a) for a in red.args[3:7])
+    cg = c_ // g_
+    vec = vec_for(cg, knobs.vec)
+    if (cg // vec) & (cg // vec - 1) or cg // vec > 32:
+        raise NotMine(f"{cg // vec} vectors a group: not a power of two up to a warp")
+    ct = c_ // vec  # threads across the channels of a position
+    if ct > knobs.threads or knobs.threads % ct or knobs.threads % 32:  # whole warps: the shuffles need them
+        raise NotMine(f"{ct} threads a position do not tile a block of {knobs.threads}")
+    rp = knobs.threads // ct  # positions a block works on at once
+    tiles = max(1, min(max(1, RESIDENT // knobs.threads // n_), -(-hw // rp)))
+    pt = -(-hw // tiles)  # positions a tile
+    tiles = -(-hw // pt)
+    return _Shape(n_, c_, hw, g_, cg, vec, ct, rp, pt, tiles, low.length, knobs.threads)
+
+
+def _stores(spec: TaskSpec, outs: list[Any], s: _Shape, i: Expr, simplify: Simplifier,
+            epi: Emitter) -> tuple[list[str], list[str], list[str]]:
+    """The norm kernel's output code: for each channels-last output a vector pack, its element stores and its
+    write; a row-major one element by element, strided. NotMine for an output that is not full-size."""
+    n_, c_, hw = s.n, s.c, s.hw
+    packs, stores, writes = [], [], []
+    for j, (o, m) in enumerate(zip(outs, spec.outputs, strict=True)):
+        if m.numel != n_ * c_ * hw:
+            raise NotMine("an output that is not full-size (the statistics)")
+        if m.written().channels_last and m.shape[:2] != (n_, c_):
+            raise NotMine(f"a channels-last output of shape {m.shape}, not ({n_}, {c_}, H, W)")
+        value = from_float(epi.value(o, i), m.torch_dtype)
+        if not m.written().channels_last:  # row-major (a (b, c, h*w) view, say): element by element, strided
+            stores.append(f"out{j}_p[{cexpr(simplify(i))}] = {value};")
+            continue
+        ctype = FLOAT_TYPES[m.torch_dtype]
+        packs.append(f"Pack<{ctype}, V> st{j};")
+        stores.append(f"st{j}.v[v] = {value};")
+        writes.append(f"*reinterpret_cast<Pack<{ctype}, V>*>(out{j}_p + ((idx_t)n * {hw} + p) * {c_} + c0) = st{j};")
+    return packs, stores, writes
 
 
 def _element_loop(s: _Shape, vec_lines: list[str], lines: list[str], after: list[str] | None = None) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -156,19 +156,20 @@ def _exact_input_dtype(node: object) -> torch.dtype | None:
     return None
 
 
-def _row_kernel(low: rowreduce.RowLowered, knobs: CudaRowKnobs, cache: bool, slots: int, chunk: int,
-                pro: list[str], x_expr: str, pro_vec: list[str], epi: list[str], epi_vec: list[str],
-                packs: list[str], writes: list[str], row_lines: list[str], smem: torch.dtype | None = None,
-                piv_lines: tuple[str, ...] = ()) -> str:
-    """The body of the row kernel (template parameter V: the vector width of this launch)."""
-    op, length, cl = low.op, low.length, knobs.cluster
-    warp_rows = knobs.warp_rows
-    threads = 32 if warp_rows else knobs.threads  # threads per row
-    warps = threads // 32
+class _RowPasses:
+    """The row kernel's loops over this thread's part of the row and its block (and cluster) reductions."""
 
-    def loop(inner: list[str], vec_lines: list[str], pre: str = "", post: str = "") -> str:
+    def __init__(self, knobs: CudaRowKnobs, cache: bool, chunk: int) -> None:
+        self.warp_rows, self.cl, self.cache, self.chunk = knobs.warp_rows, knobs.cluster, cache, chunk
+        self.threads = 32 if knobs.warp_rows else knobs.threads  # threads per row
+        self.warps = self.threads // 32
+
+    def loop(self, inner: list[str], vec_lines: list[str], pre: str = "", post: str = "") -> str:
+        """Over this thread's slots of its part of the row: `vec_lines` and `pre` once a slot, `inner` at each of
+        the slot's V elements, then `post`."""
+        threads, chunk = self.threads, self.chunk
         body = "\n".join(f"        {line}" for line in inner)
-        unroll = "#pragma unroll" if cache else "#pragma unroll 8"  # registers need constant indices
+        unroll = "#pragma unroll" if self.cache else "#pragma unroll 8"  # registers need constant indices
         return (f"  {unroll}\n  for (int s = 0; s < S; ++s) {{\n"
                 f"    const idx_t jc = ((idx_t)s * {threads} + tid) * V;\n"
                 f"    if (jc < {chunk}) {{\n      const idx_t j0 = part * {chunk} + jc;\n"
@@ -176,12 +177,13 @@ def _row_kernel(low: rowreduce.RowLowered, knobs: CudaRowKnobs, cache: bool, slo
                 + f"      #pragma unroll\n      for (int v = 0; v < V; ++v) {{\n        const idx_t jj = j0 + v;"
                 f" (void)jj;\n{body}\n      }}\n" + (f"      {post}\n" if post else "") + "    }\n  }\n")
 
-    def reduce(kind: str, value: str, out: str) -> str:
+    def reduce(self, kind: str, value: str, out: str) -> str:
         """Block (and cluster) reduction of `value` into `out` (sum | max | min)."""
         fn = {"sum": "warp_sum", "max": "warp_max", "min": "warp_min"}[kind]
         init = {"sum": "0.0f", "max": "-INFINITY", "min": "INFINITY"}[kind]
-        if warp_rows:
+        if self.warp_rows:
             return f"  {out} = {fn}({value});\n"
+        warps, cl = self.warps, self.cl
         code = (f"  {{ float w = {fn}({value});\n    if ((threadIdx.x & 31) == 0) red_smem[threadIdx.x >> 5] = w;\n"
                 f"    __syncthreads();\n    float a = threadIdx.x < {warps} ? red_smem[threadIdx.x] : {init};\n"
                 f"    if (threadIdx.x < 32) {{ a = {fn}(a); if (threadIdx.x == 0) red_smem[32] = a; }}\n"
@@ -194,21 +196,27 @@ def _row_kernel(low: rowreduce.RowLowered, knobs: CudaRowKnobs, cache: bool, slo
                      f"    __syncthreads();\n    {out} = red_smem[32];\n    cluster_sync();\n")
         return code + "  }\n"
 
-    head = f"  constexpr int S = ({chunk} + {threads} * V - 1) / ({threads} * V);\n"
-    if warp_rows:
-        head += (f"  const idx_t r = (idx_t)blockIdx.x * {knobs.threads // 32} + (threadIdx.x >> 5);\n"
-                 f"  if (r >= {low.rows}) return;  // no block-wide barriers below: a warp may leave\n"
-                 "  const unsigned part = 0, tid = threadIdx.x & 31;\n")
-    else:
-        head += ("  __shared__ float red_smem[33];\n" + ("  __shared__ float cl_smem;\n" if cl > 1 else "")
-                 + f"  const idx_t r = blockIdx.x / {cl}; const unsigned part = "
-                 + ("cluster_rank();\n" if cl > 1 else "0;\n") + "  const unsigned tid = threadIdx.x;\n")
+
+class _RowReads(NamedTuple):
+    """How the row kernel's loops read the reduced input x."""
+
+    x_lines: list[str]  # x from memory (the prologue), and its copy on chip where one is kept
+    pro_vec: list[str]  # the prologue's vector loads
+    pack_in: str  # the shared-memory copy: its pack, declared once a slot, and the pack's one vector store
+    pack_out: str
+    reread: list[str] | None  # x again from registers or shared memory; None: nothing kept on chip
+    reread_vec: list[str]  # the vector load from shared memory before `reread`
+    reload: list[str]  # x again from memory: the prologue once more
+
+    def again(self) -> tuple[list[str], list[str]]:
+        """x read a second time and the vector lines before it: from chip where it is kept, else from memory."""
+        return self.reread or self.reload, self.reread_vec if self.reread else self.pro_vec
+
+
+def _row_reads(pro: list[str], x_expr: str, pro_vec: list[str], cache: bool, smem: torch.dtype | None) -> _RowReads:
+    """The reads of x: kept in registers (`cache`), in shared memory as `smem` (its dtype), or in neither."""
     x_lines = [*pro, f"const float x = {x_expr};"] + (["xr[s * V + v] = x;"] if cache else [])
-    if cache:
-        head += "  float xr[S * V];  // this thread's elements of the row, in registers\n"
-    if smem is not None:  # the block's part of the row, stored exactly as the input's dtype
-        head += (f"  extern __shared__ __align__(16) unsigned char xs_raw[];\n"
-                 f"  {FLOAT_TYPES[smem]}* xs = reinterpret_cast<{FLOAT_TYPES[smem]}*>(xs_raw);\n")
+    if smem is not None:
         x_lines.append(f"xsp.v[v] = {from_float('x', smem)};")
     st = FLOAT_TYPES[smem] if smem is not None else ""
     pack_in = f"Pack<{st}, V> xsp;" if smem is not None else ""  # one vector store per thread and slot
@@ -217,42 +225,104 @@ def _row_kernel(low: rowreduce.RowLowered, knobs: CudaRowKnobs, cache: bool, slo
         if smem is not None else []
     reread = (["const float x = xr[s * V + v];"] if cache else
               [f"const float x = {to_float('xsr.v[v]', smem)};"] if smem is not None else None)
-    stats = ""
-    if op in ("_softmax", "_log_softmax", "logsumexp"):
-        stats += "  float tm = -INFINITY;\n" + loop([*x_lines, "tm = fmaxf(tm, x);"], pro_vec, pack_in, pack_out)
-        stats += "  float mx;\n" + reduce("max", "tm", "mx")
-        again = reread or [*pro, f"const float x = {x_expr};"]
-        stats += "  float ts = 0.0f;\n" + loop([*again, "if (x != -INFINITY) ts += forge_expf(x - mx);"],
-                                               reread_vec if reread else pro_vec)
-        stats += "  float sm;\n" + reduce("sum", "ts", "sm") + "  const float inv_sm = 1.0f / sm; (void)inv_sm;\n"
-    elif op in ("amax", "amin"):
-        v, fn = ("mx", "fmaxf") if op == "amax" else ("mn", "fminf")
-        init = "-INFINITY" if op == "amax" else "INFINITY"
-        stats += f"  float t = {init};\n" + loop([*x_lines, f"t = {fn}(t, x);"], pro_vec, pack_in, pack_out)
-        stats += f"  float {v};\n" + reduce("max" if op == "amax" else "min", "t", v)
-    elif reread is None and op in ("native_layer_norm", "native_group_norm", "var"):
-        # nothing kept on chip: one pass of sums shifted by the row's first value (a large mean cannot
-        # cancel the variance), so the row is read twice in all, not three times
-        stats += "".join(f"  {line}\n" for line in piv_lines)
-        stats += "  float t1 = 0.0f, t2 = 0.0f;\n" + loop([*x_lines, "const float d = x - piv; t1 += d; t2 += d * d;"],
-                                                       pro_vec)
-        stats += "  float s1, s2;\n" + reduce("sum", "t1", "s1") + reduce("sum", "t2", "s2")
-        stats += (f"  const float m1 = s1 / {length}; const float mean = piv + m1;\n"
-                  f"  const float var_ = fmaxf(s2 / {length} - m1 * m1, 0.0f);"
-                  f" const float rstd = rsqrtf(var_ + {lit(low.eps)}); (void)rstd;\n")
-    else:  # sums; the variance in a second pass over the registers (or shared memory)
-        stats += "  float t1 = 0.0f;\n" + loop([*x_lines, "t1 += x;"], pro_vec, pack_in, pack_out)
-        stats += "  float sm;\n" + reduce("sum", "t1", "sm") + f"  const float mean = sm / {length}; (void)mean;\n"
-        if op in ("native_layer_norm", "native_group_norm", "var"):
-            again = reread or [*pro, f"const float x = {x_expr};"]
-            stats += "  float t2 = 0.0f;\n" + loop([*again, "const float d = x - mean; t2 += d * d;"],
-                                                   reread_vec if reread else pro_vec)
-            stats += ("  float ss;\n" + reduce("sum", "t2", "ss")
-                      + f"  const float var_ = ss / {length}; const float rstd = rsqrtf(var_ + {lit(low.eps)});"
-                      " (void)rstd;\n")
-    xc = [reread[0].replace("float x =", "float xc =")] if reread else []
-    pass2 = loop([*xc, *epi], (reread_vec if smem is not None else []) + epi_vec, " ".join(packs),
-                 " ".join(writes)) if epi else ""
+    return _RowReads(x_lines, pro_vec, pack_in, pack_out, reread, reread_vec, [*pro, f"const float x = {x_expr};"])
+
+
+def _row_head(low: rowreduce.RowLowered, knobs: CudaRowKnobs, passes: _RowPasses, smem: torch.dtype | None) -> str:
+    """The row kernel's declarations: the slot count S, this thread's row, part of it and lane, the reductions'
+    shared memory, and where the row is kept on chip (registers `xr`, shared memory `xs`)."""
+    cl, threads = knobs.cluster, passes.threads
+    head = f"  constexpr int S = ({passes.chunk} + {threads} * V - 1) / ({threads} * V);\n"
+    if knobs.warp_rows:
+        head += (f"  const idx_t r = (idx_t)blockIdx.x * {knobs.threads // 32} + (threadIdx.x >> 5);\n"
+                 f"  if (r >= {low.rows}) return;  // no block-wide barriers below: a warp may leave\n"
+                 "  const unsigned part = 0, tid = threadIdx.x & 31;\n")
+    else:
+        head += ("  __shared__ float red_smem[33];\n" + ("  __shared__ float cl_smem;\n" if cl > 1 else "")
+                 + f"  const idx_t r = blockIdx.x / {cl}; const unsigned part = "
+                 + ("cluster_rank();\n" if cl > 1 else "0;\n") + "  const unsigned tid = threadIdx.x;\n")
+    if passes.cache:
+        head += "  float xr[S * V];  // this thread's elements of the row, in registers\n"
+    if smem is not None:  # the block's part of the row, stored exactly as the input's dtype
+        head += (f"  extern __shared__ __align__(16) unsigned char xs_raw[];\n"
+                 f"  {FLOAT_TYPES[smem]}* xs = reinterpret_cast<{FLOAT_TYPES[smem]}*>(xs_raw);\n")
+    return head
+
+
+def _row_stats(low: rowreduce.RowLowered, passes: _RowPasses, reads: _RowReads, piv_lines: tuple[str, ...]) -> str:
+    """The first pass (or two) over the row: the statistics the op's epilogue reads, reduced over the row."""
+    if low.op in ("_softmax", "_log_softmax", "logsumexp"):
+        return _softmax_stats(passes, reads)
+    if low.op in ("amax", "amin"):
+        return _extremum_stats(low.op, passes, reads)
+    if reads.reread is None and low.op in ("native_layer_norm", "native_group_norm", "var"):
+        return _shifted_variance_stats(low, passes, reads, piv_lines)
+    return _sum_stats(low, passes, reads)
+
+
+def _softmax_stats(passes: _RowPasses, reads: _RowReads) -> str:
+    """The row's maximum `mx`, then the sum `sm` of exp(x - mx) (and its inverse) over a second read of x."""
+    stats = "  float tm = -INFINITY;\n" + passes.loop([*reads.x_lines, "tm = fmaxf(tm, x);"], reads.pro_vec,
+                                                      reads.pack_in, reads.pack_out)
+    stats += "  float mx;\n" + passes.reduce("max", "tm", "mx")
+    again, again_vec = reads.again()
+    stats += "  float ts = 0.0f;\n" + passes.loop([*again, "if (x != -INFINITY) ts += forge_expf(x - mx);"],
+                                                  again_vec)
+    stats += "  float sm;\n" + passes.reduce("sum", "ts", "sm")
+    return stats + "  const float inv_sm = 1.0f / sm; (void)inv_sm;\n"
+
+
+def _extremum_stats(op: str, passes: _RowPasses, reads: _RowReads) -> str:
+    """The row's maximum `mx` (amax) or minimum `mn` (amin)."""
+    v, fn = ("mx", "fmaxf") if op == "amax" else ("mn", "fminf")
+    init = "-INFINITY" if op == "amax" else "INFINITY"
+    stats = f"  float t = {init};\n" + passes.loop([*reads.x_lines, f"t = {fn}(t, x);"], reads.pro_vec, reads.pack_in,
+                                                   reads.pack_out)
+    return stats + f"  float {v};\n" + passes.reduce("max" if op == "amax" else "min", "t", v)
+
+
+def _shifted_variance_stats(low: rowreduce.RowLowered, passes: _RowPasses, reads: _RowReads,
+                            piv_lines: tuple[str, ...]) -> str:
+    """`mean` and `rstd` with nothing kept on chip: one pass of sums shifted by the row's first value (a large
+    mean cannot cancel the variance), so the row is read twice in all, not three times."""
+    length = low.length
+    stats = "".join(f"  {line}\n" for line in piv_lines)
+    stats += "  float t1 = 0.0f, t2 = 0.0f;\n" + passes.loop(
+        [*reads.x_lines, "const float d = x - piv; t1 += d; t2 += d * d;"], reads.pro_vec)
+    stats += "  float s1, s2;\n" + passes.reduce("sum", "t1", "s1") + passes.reduce("sum", "t2", "s2")
+    return stats + (f"  const float m1 = s1 / {length}; const float mean = piv + m1;\n"
+                    f"  const float var_ = fmaxf(s2 / {length} - m1 * m1, 0.0f);"
+                    f" const float rstd = rsqrtf(var_ + {lit(low.eps)}); (void)rstd;\n")
+
+
+def _sum_stats(low: rowreduce.RowLowered, passes: _RowPasses, reads: _RowReads) -> str:
+    """The row's `mean`; for a norm or variance also `rstd`, the variance in a second pass over the registers
+    (or shared memory)."""
+    length = low.length
+    stats = "  float t1 = 0.0f;\n" + passes.loop([*reads.x_lines, "t1 += x;"], reads.pro_vec, reads.pack_in,
+                                                 reads.pack_out)
+    stats += "  float sm;\n" + passes.reduce("sum", "t1", "sm") + f"  const float mean = sm / {length}; (void)mean;\n"
+    if low.op in ("native_layer_norm", "native_group_norm", "var"):
+        again, again_vec = reads.again()
+        stats += "  float t2 = 0.0f;\n" + passes.loop([*again, "const float d = x - mean; t2 += d * d;"], again_vec)
+        stats += ("  float ss;\n" + passes.reduce("sum", "t2", "ss")
+                  + f"  const float var_ = ss / {length}; const float rstd = rsqrtf(var_ + {lit(low.eps)});"
+                  " (void)rstd;\n")
+    return stats
+
+
+def _row_kernel(low: rowreduce.RowLowered, knobs: CudaRowKnobs, cache: bool, slots: int, chunk: int,
+                pro: list[str], x_expr: str, pro_vec: list[str], epi: list[str], epi_vec: list[str],
+                packs: list[str], writes: list[str], row_lines: list[str], smem: torch.dtype | None = None,
+                piv_lines: tuple[str, ...] = ()) -> str:
+    """The body of the row kernel (template parameter V: the vector width of this launch)."""
+    passes = _RowPasses(knobs, cache, chunk)
+    reads = _row_reads(pro, x_expr, pro_vec, cache, smem)
+    head = _row_head(low, knobs, passes, smem)
+    stats = _row_stats(low, passes, reads, piv_lines)
+    xc = [reads.reread[0].replace("float x =", "float xc =")] if reads.reread else []
+    pass2 = passes.loop([*xc, *epi], (reads.reread_vec if smem is not None else []) + epi_vec, " ".join(packs),
+                        " ".join(writes)) if epi else ""
     rows = ""
     if row_lines:
         rows = "  if (part == 0 && tid == 0) {\n" + "".join(f"    {ln}\n" for ln in row_lines) + "  }\n"

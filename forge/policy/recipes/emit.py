@@ -125,21 +125,11 @@ class Emitter:
         return self.value(node, flatten(dims, shape))
 
     def _compute(self, n: torch.fx.Node, idx: Expr) -> str:
+        """A C expression for `n` at flat index `idx` (the statements of its operands emitted first)."""
         if n.op == "placeholder":
-            i = self.inputs[n]
-            m = self.metas[i]
-            off = idx if m.stride == contiguous_stride(m.shape) else flatten(unflatten(idx, m.shape), m.shape,
-                                                                               m.stride)
-            off = self.simplify(off)
-            self.loads.append(off)
-            try:
-                raw = self.load_hook(i, off) if self.load_hook else None
-                raw = raw or f"in{i}_p[{cexpr(off)}]"  # restrict pointers declared once per kernel (pointers())
-            except IndexError_ as e:
-                raise NotMine(str(e)) from e
-            return to_float(raw, m.torch_dtype)
+            return self._load(n, idx)
         name = n.target.overloadpacket.__name__ if isinstance(n.target, torch._ops.OpOverload) else ""
-        args, kw = n.args, n.kwargs
+        args = n.args
         if n.target is operator.getitem:
             if args[1] != 0:
                 raise NotMine("uses a secondary output of a multi-output op")
@@ -149,6 +139,36 @@ class Emitter:
             return self.value(args[0], idx)
         if name == "expand":
             return self._operand(args[0], idx, out)
+        if name in ("permute", "slice", "select"):
+            return self._remap(n, name, idx, out)
+        if name in ("scalar_tensor", "full"):
+            return lit(args[0] if name == "scalar_tensor" else args[1])
+        if name == "_to_copy":
+            return self._cast(n, idx)
+        if name in ("add", "sub", "rsub", "where") or name in _BINARY:
+            return self._arithmetic(n, name, idx, out)
+        if name in _UNARY:
+            return _UNARY[name].format(a=self.value(args[0], idx))
+        return self._special(n, name, idx, out)
+
+    def _load(self, n: torch.fx.Node, idx: Expr) -> str:
+        """Input `n` at `idx`, loaded through its strides (or by the load hook) as float; the offset recorded."""
+        i = self.inputs[n]
+        m = self.metas[i]
+        off = idx if m.stride == contiguous_stride(m.shape) else flatten(unflatten(idx, m.shape), m.shape,
+                                                                           m.stride)
+        off = self.simplify(off)
+        self.loads.append(off)
+        try:
+            raw = self.load_hook(i, off) if self.load_hook else None
+            raw = raw or f"in{i}_p[{cexpr(off)}]"  # restrict pointers declared once per kernel (pointers())
+        except IndexError_ as e:
+            raise NotMine(str(e)) from e
+        return to_float(raw, m.torch_dtype)
+
+    def _remap(self, n: torch.fx.Node, name: str, idx: Expr, out: tuple[int, ...]) -> str:
+        """`permute`, `slice` or `select`: the operand at the index of its own shape that `idx` maps to."""
+        args = n.args
         if name == "permute":
             src = shape_of(args[0])
             dims = unflatten(idx, out)
@@ -156,50 +176,49 @@ class Emitter:
             for o, p in enumerate(args[1]):
                 pos[p % len(src)] = o
             return self.value(args[0], flatten([dims[pos[d]] for d in range(len(src))], src))
-        if name in ("slice", "select"):
-            src = shape_of(args[0])
-            dim = args[1] % len(src)
-            dims = unflatten(idx, out)
-            if name == "select":
-                dims.insert(dim, sympy.Integer(args[2] % src[dim]))
-            else:
-                start = 0 if len(args) < 3 or args[2] is None else args[2]
-                start = start + src[dim] if start < 0 else min(start, src[dim])
-                step = args[4] if len(args) > 4 else 1
-                dims[dim] = start + dims[dim] * step
-            return self.value(args[0], flatten(dims, src))
-        if name in ("scalar_tensor", "full"):
-            return lit(args[0] if name == "scalar_tensor" else args[1])
-        if name == "_to_copy":
-            dtype = kw.get("dtype")
-            a = self.value(args[0], idx)
-            if dtype == torch.bfloat16:
-                return f"round_bf16({a})"
-            if dtype == torch.float16:
-                return f"round_f16({a})"
-            if dtype == torch.bool:
-                return f"({a} != 0.0f ? 1.0f : 0.0f)"
-            if dtype in (torch.float32, torch.float64, None):
-                return a
-            raise NotMine(f"casts to {dtype}")
+        src = shape_of(args[0])
+        dim = args[1] % len(src)
+        dims = unflatten(idx, out)
+        if name == "select":
+            dims.insert(dim, sympy.Integer(args[2] % src[dim]))
+        else:
+            start = 0 if len(args) < 3 or args[2] is None else args[2]
+            start = start + src[dim] if start < 0 else min(start, src[dim])
+            step = args[4] if len(args) > 4 else 1
+            dims[dim] = start + dims[dim] * step
+        return self.value(args[0], flatten(dims, src))
+
+    def _cast(self, n: torch.fx.Node, idx: Expr) -> str:
+        """`_to_copy`: the operand rounded to the dtype cast to (float and double: as it is)."""
+        dtype = n.kwargs.get("dtype")
+        a = self.value(n.args[0], idx)
+        if dtype == torch.bfloat16:
+            return f"round_bf16({a})"
+        if dtype == torch.float16:
+            return f"round_f16({a})"
+        if dtype == torch.bool:
+            return f"({a} != 0.0f ? 1.0f : 0.0f)"
+        if dtype in (torch.float32, torch.float64, None):
+            return a
+        raise NotMine(f"casts to {dtype}")
+
+    def _arithmetic(self, n: torch.fx.Node, name: str, idx: Expr, out: tuple[int, ...]) -> str:
+        """`add`, `sub`, `rsub`, `where` or a binary op of _BINARY, its operands broadcast to `out`."""
+        args, kw = n.args, n.kwargs
         if name in ("add", "sub", "rsub"):
             a, b = (self._operand(x, idx, out) for x in args[:2])
             alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
             b = b if alpha == 1 else f"({lit(alpha)} * {b})"
             return {"add": f"({a} + {b})", "sub": f"({a} - {b})", "rsub": f"({b} - {a})"}[name]
-        if name in _BINARY:
-            if name == "div" and kw.get("rounding_mode"):
-                raise NotMine("integer division")
-            if name == "pow" and not isinstance(args[1], torch.fx.Node):
-                return self._power(self.value(args[0], idx), float(args[1]))
-            a, b = (self._operand(x, idx, out) for x in args[:2])
-            return _BINARY[name].format(a=a, b=b)
         if name == "where":
             c, a, b = (self._operand(x, idx, out) for x in args[:3])
             return f"({c} != 0.0f ? {a} : {b})"
-        if name in _UNARY:
-            return _UNARY[name].format(a=self.value(args[0], idx))
-        return self._special(n, name, idx, out)
+        if name == "div" and kw.get("rounding_mode"):
+            raise NotMine("integer division")
+        if name == "pow" and not isinstance(args[1], torch.fx.Node):
+            return self._power(self.value(args[0], idx), float(args[1]))
+        a, b = (self._operand(x, idx, out) for x in args[:2])
+        return _BINARY[name].format(a=a, b=b)
 
     def _power(self, a: str, e: float) -> str:
         return {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 1.0: a, 0.5: f"sqrtf({a})",

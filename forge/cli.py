@@ -201,9 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the profile as JSON")
     p.add_argument("--top", type=int, default=25, help="rows to show (0: all)")
     p.add_argument("--budget", type=float, default=5.0, help="seconds of timed runs (after warm-up)")
-    p.add_argument("--blocks", action="store_true",
-                   help="with --device meta: capture each distinct repeated block once (faster on deep models; "
-                        "regions stop at block boundaries, so keys there differ from a whole-graph profile's)")
+    p.add_argument("--blocks", action="store_true", help="with --device meta: each distinct repeated block "
+                   "captured once (faster on deep models; regions stop at block boundaries)")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("eval", help="build, verify and benchmark one kernel for one task")

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import torch
+from provenance import stamp  # benchmarks/, on sys.path as the script's folder
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
@@ -65,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     clock = Clock("cuda")
     cfg = BenchConfig(warmup_s=0.2, budget_s=args.seconds, min_runs=10, max_runs=100)
-    rows = [one_shape(clock, s, cfg) for s in SHAPES]
+    rows = [{**one_shape(clock, s, cfg), **stamp("cuda")} for s in SHAPES]
     print("\n| shape | " + " | ".join(f"{k} us" for k in BACKENDS) + " |")
     print("|---|" + "---|" * len(BACKENDS))
     for r in rows:

@@ -194,13 +194,12 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def _output_of(block: torch.nn.Module, forward: Any, args: tuple, kwargs: dict, seen: dict[str, Any]
-               ) -> tuple[list[Any], Any]:
+def _output_of(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], key: str,
+               seen: dict[str, Any]) -> tuple[list[Any], Any]:
     """The block's output leaves (tensors as Specs) and structure on this call: the block run on export's
     fake tensors with the tracing set aside (nothing enters the glue's graph), once per signature."""
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
-    key = signature(block, *pytree.tree_map(_spec, (tuple(args), dict(kwargs))))
     if key not in seen:
         with disable_proxy_modes_tracing():
             leaves, tree = pytree.tree_flatten(forward(*args, **kwargs))
@@ -228,18 +227,20 @@ def _through(leaves: list[Any], tree: Any, args: tuple, kwargs: dict) -> Any:
 
 
 @contextmanager
-def _passed_through(blocks: list[tuple[str, torch.nn.Module]]) -> Iterator[None]:
-    """Every block's forward returns its output made of its inputs (_through), for capturing the glue."""
-    seen: dict[str, Any] = {}
+def _passed_through(blocks: list[tuple[str, torch.nn.Module]], calls: _Seen) -> Iterator[None]:
+    """Every block's forward returns its output made of its inputs (_through), for capturing the glue; the
+    call's signature is the one the pre-hook just recorded in `calls`."""
+    outputs: dict[str, Any] = {}
 
-    def passed(m: torch.nn.Module, forward: Any) -> Any:
+    def passed(forward: Callable[..., Any]) -> Callable[..., Any]:
         def through(*args: Any, **kwargs: Any) -> Any:
-            return _through(*_output_of(m, forward, args, kwargs, seen), args, kwargs)
+            key = calls.calls[-1].signature
+            return _through(*_output_of(forward, args, kwargs, key, outputs), args, kwargs)
         return through
 
     own = {id(m): (m, vars(m).get("forward")) for _, m in blocks}  # a forward set on the instance stays
     for m, _ in own.values():
-        m.forward = passed(m, m.forward)  # an instance attribute: nn.Module.__call__ finds it first
+        m.forward = passed(m.forward)  # an instance attribute: nn.Module.__call__ finds it first
     try:
         yield
     finally:
@@ -295,7 +296,7 @@ def _glue(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, tor
     glue_model = _Glue(model, blocks)
     handles = [m.register_forward_pre_hook(glue_model.on_call, with_kwargs=True) for _, m in blocks]
     try:
-        with _passed_through(blocks):
+        with _passed_through(blocks, glue_model.seen):
             glue = capture(glue_model, inputs)
     except UserError as e:
         raise NotBlockwise(str(e.__cause__ or e)) from e

@@ -68,7 +68,7 @@ def screen(path: Path, args: argparse.Namespace, work: Path) -> Row | None:
     cmd = [sys.executable, "-m", "forge.cli", "profile", str(path.resolve()), "--device", args.device, "--json",
            str(out)]
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=args.timeout,
-                          env={"PYTHONPATH": str(ROOT), **_env()})
+                          env=_env())
     if proc.returncode != 0 or not out.is_file():
         return None  # optimize will say what is wrong
     share = vendor_share(json.loads(out.read_text())["tasks"])
@@ -86,7 +86,7 @@ def run_one(path: Path, args: argparse.Namespace, work: Path) -> Row:
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=args.timeout,
-                              env={"PYTHONPATH": str(ROOT), **_env()})
+                              env=_env())
     except subprocess.TimeoutExpired:
         return Row(path.name, seconds=time.monotonic() - start, error=f"timeout after {args.timeout:.0f} s")
     seconds = time.monotonic() - start
@@ -106,7 +106,7 @@ def baseline(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--baseline", str(path.resolve()), "--device", args.device]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                              env={"PYTHONPATH": str(ROOT), **_env()})
+                              env=_env())
     except subprocess.TimeoutExpired:
         return {"compile_error": f"timeout after {args.timeout:.0f} s"}
     lines = proc.stdout.strip().splitlines()
@@ -141,7 +141,8 @@ def time_baseline(path: Path, device: str) -> dict[str, Any]:
 def _env() -> dict[str, str]:
     import os
 
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    path = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return {**os.environ, "PYTHONPATH": path}  # the checkout first, then what the caller had (the device's wheels)
 
 
 def _f(x: float | None, fmt: str) -> str:

@@ -80,7 +80,7 @@ def run_one(path: Path, args: argparse.Namespace, work: Path) -> Row:
     if args.screen and (skipped := screen(path, args, work)) is not None:
         return skipped
     out = work / f"{path.stem}.json"
-    cmd = [sys.executable, "-m", "forge.cli", "optimize", str(path.resolve()), "--device", args.device,
+    cmd = [sys.executable, "-m", "forge.cli", "-v", "optimize", str(path.resolve()), "--device", args.device,
            "--budget", str(args.budget), "--seconds", str(args.seconds), "--json", str(out),
            "--db", str(work / f"{path.stem}.db")]
     start = time.monotonic()
@@ -90,8 +90,10 @@ def run_one(path: Path, args: argparse.Namespace, work: Path) -> Row:
     except subprocess.TimeoutExpired:
         return Row(path.name, seconds=time.monotonic() - start, error=f"timeout after {args.timeout:.0f} s")
     seconds = time.monotonic() - start
+    (work / f"{path.stem}.log").write_text(proc.stderr)  # forge's progress log (-v), kept with --keep
     if proc.returncode != 0 or not out.is_file():
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()] or [f"exit {proc.returncode}"]
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip() and not ln.startswith("INFO ")]
+        lines = lines or [f"exit {proc.returncode}"]
         return Row(path.name, seconds=seconds, error=lines[-1][:160])
     r = json.loads(out.read_text())
     vendor = vendor_share(r["tasks"])
@@ -192,6 +194,8 @@ def main() -> int:
     p.add_argument("--screen", action="store_true", help="profile each file first and skip those whose vendor "
                    "share is at least --max-vendor (listed as screened out)")
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--keep", type=Path, help="keep each file's forge report, log and store here (default: a "
+                   "temporary folder, removed)")
     p.add_argument("--baseline", type=Path, help=argparse.SUPPRESS)  # the torch.compile child process
     args = p.parse_args()
     if args.baseline:
@@ -203,8 +207,10 @@ def main() -> int:
 
     rows, where = [], stamp(args.device)
     with tempfile.TemporaryDirectory(prefix="forge-kb-") as tmp:
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for path in args.files:
-            rows.append(run_one(path, args, Path(tmp)))
+            rows.append(run_one(path, args, work))
             r = rows[-1]
             print(f"{r.file}: {r.error or f'{r.speedup:.2f}x applied={r.applied}'} ({r.seconds:.0f} s)",
                   file=sys.stderr, flush=True)

@@ -319,3 +319,34 @@ def test_a_second_compilation_starts_after_the_deadline_when_the_first_ones_time
     assert _may_compile(now=1e9, last=100.0, deadline=None, finish=None)
     # a deadline without a finish stays a hard stop
     assert not _may_compile(now=21.0, last=5.0, deadline=20.0, finish=None)
+
+
+def _timed(times: dict[str, float]):
+    """A stand-in for choose's measuring step that gives each runtime a fixed time (inf: it failed)."""
+    from forge.runtime.variants import Measured
+
+    def run(v, need=""):
+        ms = times[v.runtime]
+        ok = ms != float("inf")
+        return Measured(v, 1.0, ms if ok else 0.0, ok, 0.0 if ok else float("inf"), None, {}, "" if ok else "x")
+    return run
+
+
+def test_on_cuda_a_chain_starts_on_the_faster_runtime_and_its_compiled_end_follows():
+    from forge.runtime.variants import _first
+    inf = float("inf")
+    # the CUDA graph wins (launch-bound models): Inductor's CUDA graphs at the end
+    m, rt = _first(_timed({"cuda-graph": 1.0, "graph": 2.0}), True, cuda=True)
+    assert (m.variant.runtime, rt) == ("cuda-graph", "inductor-cuda-graph")
+    # copying huge inputs into the graph's buffers costs more than it saves: no CUDA graph, in both stages
+    m, rt = _first(_timed({"cuda-graph": 2.0, "graph": 1.0}), True, cuda=True)
+    assert (m.variant.runtime, rt) == ("graph", "inductor")
+    # within the noise the CUDA graph stays
+    m, rt = _first(_timed({"cuda-graph": 1.0, "graph": 0.995}), True, cuda=True)
+    assert (m.variant.runtime, rt) == ("cuda-graph", "inductor-cuda-graph")
+    # forge cannot capture it: the graph, and Inductor still tries its own CUDA graphs
+    m, rt = _first(_timed({"cuda-graph": inf, "graph": 3.0}), False, cuda=True)
+    assert (m.variant.runtime, rt, m.variant.kernels) == ("graph", "inductor-cuda-graph", False)
+    # on the CPU there is one runtime to measure
+    m, rt = _first(_timed({"graph": 1.0}), True, cuda=False)
+    assert (m.variant.runtime, rt) == ("graph", "inductor")

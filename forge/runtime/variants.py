@@ -11,7 +11,8 @@ A variant is which found kernels it uses (all, or none), which whole-graph rewri
 
 `choose` decides greedily, every variant measured on the whole forward against eager (interleaved in this
 process, outputs compared on fresh inputs), two chains: without the found kernels and with them. Each
-starts on the runtime without compilation (a CUDA graph on CUDA); each rewrite that applies is added and
+starts on a runtime without compilation (on CUDA the faster of the CUDA graph and the graph; Inductor's
+CUDA graphs or not follow that choice); each rewrite that applies is added and
 kept only if the forward got faster by more than the timing noise, outputs matching; one that is not kept
 is tried again together with the rewrites that make its sites (`Rewrite.after`: cuDNN's fused ReLU needs
 the BatchNorm folded first, and folding alone may not pay) where the chain did not keep those. Then, when allowed and
@@ -259,13 +260,11 @@ class _FellBack(RuntimeError):
 
 
 def _greedy(run: Callable[..., Measured], kernels: bool, names: tuple[str, ...], cuda: bool
-            ) -> tuple[Measured, tuple[str, ...]]:
+            ) -> tuple[Measured, tuple[str, ...], str]:
     """Rewrites added one at a time on the runtime without compilation, each kept if the forward got faster;
     (the best, the rewrites that pay only compiled (Rewrite.pays_compiled) which rewrote something with
-    outputs matching but were not kept: the compiled stage judges them again)."""
-    best = run(Variant(kernels, (), "cuda-graph" if cuda else "graph"))
-    if cuda and not best.ok:  # not capturable as a CUDA graph: the graph runtime (kept on a tie of failures)
-        best = min(run(Variant(kernels, (), "graph")), best, key=_time)
+    outputs matching but were not kept: the compiled stage judges them again, the compiled runtime)."""
+    best, runtime = _first(run, kernels, cuda)
     later: list[str] = []
     for name in names:
         m = run(replace(best.variant, rewrites=(*best.variant.rewrites, name)), need=name)
@@ -278,7 +277,22 @@ def _greedy(run: Callable[..., Measured], kernels: bool, names: tuple[str, ...],
             best = m
         elif m.ok and REWRITES[name].pays_compiled:
             later.append(name)
-    return best, tuple(later)
+    return best, tuple(later), runtime
+
+
+def _first(run: Callable[..., Measured], kernels: bool, cuda: bool) -> tuple[Measured, str]:
+    """A chain's first step and the runtime its compiled end will have. On CUDA both runtimes are measured:
+    the CUDA graph (no launches) is kept unless the graph run op by op is faster by more than the noise, as
+    it is where copying the inputs into the graph's own buffers costs more than the launches save
+    (KernelBench's MSE loss of two 4 GiB inputs on the H200: reduce-overhead 0.88x eager, torch.compile's
+    default 3.08x); then Inductor runs without CUDA graphs too. A forward forge cannot capture still gets
+    Inductor's CUDA graphs (they leave out what they cannot capture)."""
+    if not cuda:
+        return run(Variant(kernels, (), "graph")), "inductor"
+    replayed, plain = run(Variant(kernels, (), "cuda-graph")), run(Variant(kernels, (), "graph"))
+    if replayed.ok and _time(plain) < _time(replayed) * GAIN:
+        return plain, "inductor"
+    return (replayed if replayed.ok else min(plain, replayed, key=_time)), "inductor-cuda-graph"
 
 
 def _time(m: Measured) -> float:
@@ -319,15 +333,14 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     # One greedy chain without the kernels (a rewrite then reaches every site) and one with them: a kernel
     # that swallows a BatchNorm leaves nothing to fold, so the chains end in different places.
     heads = [_greedy(run, False, names, cuda)] + ([_greedy(run, True, names, cuda)] if kernels else [])
-    best = min((h for h, _ in heads), key=_time)
-    runtime = "inductor-cuda-graph" if cuda else "inductor"
+    best = min((h for h, _, _ in heads), key=_time)
     # Compiled, most promising first (a deadline may stop them): the chain without the kernels first (Inductor
     # fuses what they do: on the H200 the kernels inside Inductor won by 1.6% on Gemma 4, lost by 11% on the
     # SD3.5 MMDiT and fell back on the VAE), each head with the rewrites that pay only compiled, then the
     # heads as they are where that differs.
     compiled = [replace(h.variant, rewrites=parse((*h.variant.rewrites, *later)), runtime=runtime)
-                for h, later in heads]
-    compiled += [replace(h.variant, runtime=runtime) for h, later in heads if later]
+                for h, later, runtime in heads]
+    compiled += [replace(h.variant, runtime=runtime) for h, later, runtime in heads if later]
     last = 0.0  # seconds the last compilation took (with its timing)
     queue = compiled if compile else []
     while queue:

@@ -86,6 +86,11 @@ def _spec(x: Any) -> Any:
     return Spec(TensorMeta.of(x), str(x.device)) if isinstance(x, torch.Tensor) else x
 
 
+def spec_of(tree: Any) -> Any:
+    """`tree` with every tensor in it as its Spec."""
+    return pytree.tree_map(_spec, tree)
+
+
 def _describe(x: Any) -> str:
     """A call argument as text: tensors by meta, containers by their members, the rest by repr."""
     if isinstance(x, Spec):
@@ -100,7 +105,7 @@ def _describe(x: Any) -> str:
 # Attributes that number a block among its kind (transformers' layer_idx): two blocks that differ only
 # there are one block. A forward that branches on one of them is a limit of block-wise capture.
 _INDEX_ATTRS = {"layer_idx", "layer_id", "layer_number", "block_idx", "idx"}
-_CONSTANTS = (type(None), bool, int, float, str, torch.dtype, torch.device)
+CONSTANTS = (type(None), bool, int, float, str, torch.dtype, torch.device)
 
 
 def _attributes(block: torch.nn.Module) -> list[tuple[str, str, str, str]]:
@@ -109,7 +114,7 @@ def _attributes(block: torch.nn.Module) -> list[tuple[str, str, str, str]]:
     out = []
     for path, m in block.named_modules():
         plain = sorted((k, repr(v)) for k, v in vars(m).items()
-                       if not k.startswith("_") and k not in _INDEX_ATTRS and isinstance(v, _CONSTANTS))
+                       if not k.startswith("_") and k not in _INDEX_ATTRS and isinstance(v, CONSTANTS))
         out.append((path, type(m).__qualname__, m.extra_repr(), repr(plain)))
     return out
 
@@ -145,8 +150,8 @@ class _Glue(torch.nn.Module):
 
     def on_call(self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Forward pre-hook of a block: record its call (tensors as Specs) and keep what it was given."""
-        a, kw = pytree.tree_map(_spec, (tuple(args), dict(kwargs)))
-        odd = [type(v).__name__ for v in pytree.tree_leaves((a, kw)) if not isinstance(v, (Spec, *_CONSTANTS))]
+        a, kw = spec_of((tuple(args), dict(kwargs)))
+        odd = [type(v).__name__ for v in pytree.tree_leaves((a, kw)) if not isinstance(v, (Spec, *CONSTANTS))]
         if odd:  # a cache or other state shared between blocks: what one block does is not all of it
             raise NotBlockwise(f"a block is called with a {odd[0]}")
         path = self.paths[id(mod)]
@@ -160,7 +165,7 @@ class _Glue(torch.nn.Module):
         return out, *self.seen.given
 
 
-class _Bound(torch.nn.Module):
+class Bound(torch.nn.Module):
     """A block called with its recorded constants: the tensors of its call come in positionally."""
 
     def __init__(self, block: torch.nn.Module, call: Call) -> None:
@@ -330,7 +335,7 @@ def blockwise(model: torch.nn.Module, inputs: list[Any]) -> Blockwise | None:
         parts = [(build_tasks(glue.graph_module.graph, scope=_glue_scope), 1, "glue")]
         nodes, by_path = _nodes(glue), dict(blocks)
         for group in distinct.values():
-            bound = _Bound(by_path[group[0].path], group[0])
+            bound = Bound(by_path[group[0].path], group[0])
             cap = capture(bound, bound.tensors())
             nodes += _nodes(cap)
             parts.append((build_tasks(cap.graph_module.graph), len(group), group[0].path))

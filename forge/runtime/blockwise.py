@@ -1,0 +1,181 @@
+"""Block-wise dispatch: found kernels applied inside each repeated block of a model, the model otherwise its own.
+
+The blocks are forge.capture.blocks' (the members of the model's largest ModuleList). One eager forward
+records every block's call; blocks whose signatures agree (forge.capture.blocks.signature: class, settings,
+parameter shapes, the call's shapes and constants) are one kind. Each kind is captured and patched once
+(forge.runtime.dispatch.apply, on tensors like its first call's), and every block of the kind runs that
+patched graph with its own parameters and buffers, so capture and patching grow with the number of kinds,
+not with depth. A block's forward is replaced only while `BlockwiseModule` runs the model: the user's module
+tree, state dict and hooks stay as they are (a block's hooks fire, since its `__call__` is the same), and
+the glue between blocks runs as the model's own code. A call unlike the recorded one (other shapes, other
+constants) runs the block's own forward and is counted (`BlockwiseModule.block_fallbacks`). With
+`cuda_graph` the whole forward, glue included, is captured once as one CUDA graph and replayed.
+
+The glue's kernels (a final norm, the output head) are not applied this way: the glue runs eager.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.export.graph_signature import InputKind
+from torch.utils import _pytree as pytree
+
+from forge.capture.blocks import CONSTANTS, Bound, Call, Spec, block_list, signature, spec_of
+from forge.capture.export import Capture, capture
+from forge.runtime.dispatch import Counters, GraphReplay, KernelArtifact, OptimizedModule, _is_compiling, _sig, apply
+
+log = logging.getLogger(__name__)
+
+
+class _BlockForward:
+    """One block's forward as its kind's patched graph run on this block's own state."""
+
+    def __init__(self, own: Callable[..., Any], opt: OptimizedModule, template: list[Any], call: Call,
+                 out_spec: pytree.TreeSpec, n_out: int) -> None:
+        self.own, self.gm, self.template, self.slots = own, opt.gm, template, opt._user_slots
+        leaves, self.spec = pytree.tree_flatten((call.args, call.kwargs))
+        self.leaves = leaves
+        self.tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, Spec)]
+        self.out_spec, self.n_out = out_spec, n_out
+        self.fallbacks = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        if spec != self.spec or spec_of(leaves) != self.leaves:
+            self.fallbacks += 1  # not the call the graph was captured for
+            return self.own(*args, **kwargs)
+        flat = list(self.template)
+        for slot, i in zip(self.slots, self.tensor_at, strict=True):
+            flat[slot] = leaves[i]
+        out = self.gm(*flat)
+        return pytree.tree_unflatten(list(out)[len(out) - self.n_out:], self.out_spec)
+
+
+def _record(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, torch.nn.Module]]
+            ) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]] | None:
+    """Every block call of one eager forward (path, args, kwargs); None when a call takes something other
+    than tensors and constants (a cache shared between blocks)."""
+    paths, calls = {id(m): p for p, m in blocks}, []
+
+    def hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        calls.append((paths[id(mod)], tuple(args), dict(kwargs)))
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for _, m in blocks]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    leaves = pytree.tree_leaves([(a, kw) for _, a, kw in calls])
+    if any(not isinstance(x, (torch.Tensor, *CONSTANTS)) for x in leaves):
+        return None
+    return calls
+
+
+def _template(cap: Capture, block: torch.nn.Module, slots: list[int], first: list[Any]) -> list[Any]:
+    """The patched graph's arguments for `block`: its own parameters and buffers where the first block's were
+    (a kind's capture names them `block.<name>`), the user slots left for the call's tensors."""
+    state = {f"block.{n}": t for n, t in (*block.named_parameters(remove_duplicate=False),
+                                           *block.named_buffers(remove_duplicate=False))}
+    flat = list(first)
+    for i, spec in enumerate(cap.exported.graph_signature.input_specs):
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in state:
+            flat[i] = state[spec.target]
+    for s in slots:
+        flat[s] = None
+    return flat
+
+
+def _kind(block: torch.nn.Module, call: Call, kernels: list[KernelArtifact], strict: bool
+          ) -> tuple[OptimizedModule, Capture]:
+    """A kind of block captured on tensors like its first call's and patched with the kernels."""
+    bound = Bound(block, call)
+    cap = capture(bound, bound.tensors())
+    return apply(bound, bound.tensors(), kernels, strict=strict, cap=cap), cap
+
+
+class BlockwiseModule(torch.nn.Module):
+    """The user's model with its blocks running their kinds' patched graphs (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, forwards: dict[int, tuple[torch.nn.Module, _BlockForward]],
+                 kinds: list[OptimizedModule], inputs: list[Any], cuda_graph: bool) -> None:
+        super().__init__()
+        self.original = model
+        self._forwards, self._kinds = forwards, kinds
+        self._signature = [_sig(x) for x in inputs]
+        self.model_fallbacks = 0
+        self.cuda_graph = cuda_graph and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
+        self.graph_error = ""
+        self._replay: GraphReplay | None = None
+
+    @property
+    def block_fallbacks(self) -> int:
+        """Block calls that ran the block's own forward (a call unlike the recorded one)."""
+        return sum(f.fallbacks for _, f in self._forwards.values())
+
+    def forward(self, *inputs: Any) -> Any:
+        if [_sig(x) for x in inputs] != self._signature:
+            self.model_fallbacks += 1
+            return self.original(*inputs)
+        if self.cuda_graph and not _is_compiling():
+            if self._replay is None:
+                try:
+                    self._replay = GraphReplay(self._run, list(inputs))
+                except Exception as e:  # noqa: BLE001 - any capture failure: run without a graph
+                    self.cuda_graph, self.graph_error = False, f"{type(e).__name__}: {e}"[:300]
+                    log.warning("forge: no CUDA graph for this model (%s); running without", self.graph_error)
+                    return self._run(*inputs)
+            return self._replay(*inputs)
+        return self._run(*inputs)
+
+    def _run(self, *inputs: Any) -> Any:
+        before = {i: (m, vars(m).get("forward")) for i, (m, _) in self._forwards.items()}
+        for m, f in self._forwards.values():
+            m.forward = f  # an instance attribute: nn.Module.__call__ finds it first, hooks still run
+        try:
+            with torch.no_grad():
+                return self.original(*inputs)
+        finally:
+            for m, was in before.values():
+                if was is None:
+                    del m.forward
+                else:
+                    m.forward = was
+
+    def counters(self) -> dict[str, Counters]:
+        """Per task key: hits and fallbacks (by reason), over every block of every kind."""
+        return {k: c for opt in self._kinds for k, c in opt.counters().items()}
+
+
+def apply_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact],
+                    strict: bool = False, cuda_graph: bool = False) -> BlockwiseModule | None:
+    """`model` with `kernels` applied block by block (module docstring); None where it has no repeated blocks
+    or a block's call cannot be recorded as tensors and constants."""
+    blocks = block_list(model)
+    calls = _record(model, inputs, blocks) if blocks else None
+    if not calls:
+        return None
+    by_path = dict(blocks)
+    kinds: dict[str, tuple[OptimizedModule, Capture, list[Any]]] = {}
+    forwards: dict[int, tuple[torch.nn.Module, _BlockForward]] = {}
+    for path, args, kwargs in calls:
+        block = by_path[path]
+        a, kw = spec_of((args, kwargs))
+        call = Call(path, signature(block, a, kw), a, kw)
+        if call.signature not in kinds:
+            opt, cap = _kind(block, call, kernels, strict)
+            kinds[call.signature] = (opt, cap, opt._template)
+        opt, cap, first = kinds[call.signature]
+        if id(block) in forwards:  # a block called twice: the first call's graph (others fall back)
+            continue
+        own = vars(block).get("forward") or block.forward
+        template = _template(cap, block, opt._user_slots, first)
+        out_spec = cap.exported.call_spec.out_spec
+        forwards[id(block)] = (block, _BlockForward(own, opt, template, call, out_spec, cap.user_output_count()))
+    log.info("block-wise dispatch: %d blocks, %d kinds", len(forwards), len(kinds))
+    return BlockwiseModule(model, forwards, [k[0] for k in kinds.values()], inputs, cuda_graph)

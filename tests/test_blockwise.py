@@ -1,0 +1,149 @@
+"""Block-wise dispatch (forge.runtime.blockwise): kernels found block-wise run inside every block of a kind."""
+
+import pytest
+import torch
+
+from forge.capture.blocks import blockwise
+from forge.evaluate.build import build
+from forge.kernel import TaskSpec
+from forge.policy.recipes.policy import RecipePolicy
+from forge.runtime.blockwise import apply_blockwise
+from forge.runtime.dispatch import KernelArtifact
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int, layer_idx: int) -> None:
+        super().__init__()
+        self.up, self.down, self.layer_idx = torch.nn.Linear(d, 2 * d), torch.nn.Linear(d, d), layer_idx
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        g, u = self.up(x).chunk(2, -1)
+        return x + self.down(torch.nn.functional.silu(g) * u) * scale
+
+
+class Tower(torch.nn.Module):
+    def __init__(self, d: int = 96, n: int = 3) -> None:
+        super().__init__()
+        self.inp, self.norm = torch.nn.Linear(d, d), torch.nn.LayerNorm(d)
+        self.layers = torch.nn.ModuleList(Block(d, i) for i in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h, scale=0.5)
+        return self.norm(h)
+
+
+def _kernels(model: torch.nn.Module, inputs: list[torch.Tensor], blocks: dict[str, int] | None = None,
+             limit: int = 100) -> list[KernelArtifact]:
+    """The recipe policy's first candidate for every task of the block-wise capture (the first `limit` it
+    proposes for), built with the real compiler."""
+    bw = blockwise(model, inputs)
+    assert bw is not None and bw.blocks == (blocks or {"layers.0": len(model.layers)})
+    pol, arts = RecipePolicy(), []
+    for t in bw.tasks:
+        if len(arts) >= limit:
+            break
+        spec = TaskSpec.of(t)
+        proposals = pol.propose(spec, None)
+        if not proposals:
+            continue
+        c = pol.render(spec, proposals[0])
+        b = build(c)
+        assert b.ok, b.log
+        arts.append(KernelArtifact(t.key, c.backend, b.path, c.entry, t.inputs, t.outputs, t.source))
+    return arts
+
+
+def test_block_kernels_run_in_every_block_and_the_model_stays_the_users():
+    torch.manual_seed(0)
+    model, x = Tower().eval(), torch.randn(5, 33, 96)  # odd sizes: tails in every kernel
+    arts = _kernels(model, [x])
+    keys_before = list(model.state_dict())
+    fired: list[int] = []
+    model.layers[1].register_forward_hook(lambda m, a, out: fired.append(1))
+    opt = apply_blockwise(model, [x], arts)
+    assert opt is not None
+    for _ in range(2):
+        y = torch.randn(5, 33, 96)
+        with torch.no_grad():
+            expected = model(y)
+        torch.testing.assert_close(opt(y), expected)
+    block_keys = {k for k, c in opt.counters().items()}
+    assert block_keys and block_keys <= {a.key for a in arts}
+    # 2 calls x 3 blocks of one kind: every block ran its kind's kernels
+    assert all(c.hits == 6 and not c.fallbacks for c in opt.counters().values())
+    assert opt.block_fallbacks == 0 and opt.model_fallbacks == 0
+    assert list(model.state_dict()) == keys_before and "forward" not in vars(model.layers[0])
+    assert len(fired) == 1 + 2 * 2  # the hook fired in the recording forward, then in eager and patched calls
+
+
+def test_a_block_with_other_weights_gets_its_own_and_an_unlike_call_falls_back():
+    torch.manual_seed(1)
+    model, x = Tower(n=2).eval(), torch.randn(4, 96)
+    with torch.no_grad():
+        model.layers[1].down.weight.mul_(3.0)  # the same kind, other values: each block its own state
+    opt = apply_blockwise(model, [x], _kernels(model, [x]))
+    y = torch.randn(4, 96)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(y), model(y))
+        h = model.inp(y)
+        out = opt._forwards[id(model.layers[0])][1](h, scale=0.25)  # another constant than recorded
+        torch.testing.assert_close(out, model.layers[0](h, scale=0.25))
+    assert opt.block_fallbacks == 1
+
+
+def test_a_model_without_repeated_blocks_is_not_dispatched_block_wise():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    assert apply_blockwise(model, [torch.randn(2, 8)], []) is None
+
+
+def test_two_kinds_of_block_with_a_mask_from_the_glue():
+    from test_blocks import Stack
+
+    torch.manual_seed(2)
+    model, x = Stack().eval(), torch.randn(2, 16, 24)
+    opt = apply_blockwise(model, [x], _kernels(model, [x], {"layers.0": 3, "layers.2": 1}))
+    assert opt is not None and len(opt._kinds) == 2
+    y = torch.randn(2, 16, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(y), model(y))
+    hits = {c.hits for c in opt.counters().values()}
+    assert opt.counters() and hits <= {1, 3} and opt.block_fallbacks == 0  # per kind: its blocks' calls
+
+
+@pytest.mark.slow
+def test_qwen35_runs_its_block_kernels_in_every_layer():
+    from forge.capture import zoo
+
+    torch.manual_seed(3)
+    model, inputs = zoo.build("qwen35", device="cpu", batch=1, layers=4, seq=16)
+    arts = _kernels(model, inputs, {"lm.model.layers.0": 3, "lm.model.layers.3": 1}, limit=8)
+    opt = apply_blockwise(model, inputs, arts)
+    assert opt is not None and len(opt._kinds) == 2
+    with torch.no_grad():
+        expected = model(*inputs)
+        got = opt(*inputs)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert opt.counters() and all(c.hits and not c.fallbacks for c in opt.counters().values())
+    assert opt.block_fallbacks == 0
+
+
+@pytest.mark.cuda
+def test_on_the_gpu_the_whole_forward_replays_as_one_cuda_graph_with_block_kernels():
+    torch.manual_seed(4)
+    model, x = Tower().cuda().eval(), torch.randn(5, 33, 96, device="cuda")
+    arts = _kernels(model, [x])
+    opt = apply_blockwise(model, [x], arts, cuda_graph=True)
+    assert opt is not None
+    outs = []
+    for _ in range(3):
+        y = torch.randn_like(x)
+        with torch.no_grad():
+            got, want = opt(y), model(y)
+        torch.testing.assert_close(got, want)
+        outs.append((got, want))
+    assert opt._replay is not None and opt.graph_error == ""
+    torch.testing.assert_close(*outs[0])  # later replays did not overwrite the first call's output
+    assert opt.counters() and all(c.hits >= 1 and not c.fallbacks for c in opt.counters().values())
+    assert "forward" not in vars(model.layers[0])

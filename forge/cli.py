@@ -61,10 +61,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     loaded = load_model(args)
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}
     extra = {"sizes": sizes} if sizes else None
-    if args.blocks and loaded.device != "meta":
-        raise UserError("--blocks profiles are untimed: use it with --device meta")
     # a model of repeated blocks captured one distinct block at a time (where it applies; else whole)
-    prof = profile_blockwise(loaded, extra) if args.blocks else None
+    prof = profile_blockwise(loaded, extra, budget_s=args.budget) if args.blocks else None
     if prof is None:
         prof, _ = profile_model(loaded, budget_s=args.budget, extra=extra)
     print_profile(prof, top=args.top)
@@ -200,9 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     p.add_argument("--json", metavar="PATH", help="also write the profile as JSON")
     p.add_argument("--top", type=int, default=25, help="rows to show (0: all)")
-    p.add_argument("--budget", type=float, default=5.0, help="seconds of timed runs (after warm-up)")
-    p.add_argument("--blocks", action="store_true", help="with --device meta: each distinct repeated block "
-                   "captured once (faster on deep models; regions stop at block boundaries)")
+    p.add_argument("--budget", type=float, default=5.0, help="seconds of timed runs (after warm-up; with "
+                   "--blocks: for the glue and for each distinct block)")
+    p.add_argument("--blocks", action="store_true", help="each distinct repeated block captured and timed "
+                   "once (faster on deep models; regions stop at block boundaries)")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("eval", help="build, verify and benchmark one kernel for one task")

@@ -209,14 +209,30 @@ def test_a_forward_set_on_a_block_instance_is_put_back():
     assert vars(model.layers[1])["forward"] is wrapped and "forward" not in vars(model.layers[0])
 
 
-def test_the_cli_profiles_block_wise_on_meta_only(tmp_path):
+def test_a_timed_block_wise_profile_counts_each_kinds_time_once_per_block():
+    torch.manual_seed(0)
+    model, x = Stack().eval(), torch.randn(2, 16, 24)
+    loaded = LoadedModel("stack", model, [x], "cpu", "fp32")
+    prof = profile_blockwise(loaded, budget_s=0.2)
+    assert prof is not None and prof.extra["blocks"] == {"layers.0": 3, "layers.2": 1}
+    assert prof.total_ms and all(t.ms and t.ms > 0 for t in prof.tasks)
+    assert abs(sum(t.share for t in prof.tasks) - 1.0) < 1e-9
+    whole = capture(model, [x]).graph_module.graph
+    assert counts(prof.tasks) == counts(build_tasks(whole, scope=block_scope([p for p, _ in block_list(model)])))
+
+
+def test_the_cli_profiles_block_wise(tmp_path):
+    import json
     import subprocess
     import sys
     from pathlib import Path
-    cmd = [str(Path(sys.executable).parent / "forge"), "profile", "--zoo", "gemma4", "--layers", "2", "--seq", "16",
-           "--device", "cpu", "--blocks"]
+    out = tmp_path / "p.json"
+    cmd = [str(Path(sys.executable).parent / "forge"), "profile", "--zoo", "qwen35", "--layers", "4", "--seq", "16",
+           "--device", "cpu", "--blocks", "--budget", "0.2", "--json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and "--device meta" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    prof = json.loads(out.read_text())
+    assert prof["blocks"] == {"lm.model.layers.0": 3, "lm.model.layers.3": 1} and prof["total_ms"] > 0
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from forge.capture.export import Capture, TensorMeta, capture
+from forge.capture.timing import time_graph
 from forge.errors import UserError
 from forge.tasks.cut import Task, build_tasks
 from forge.tasks.ops import op_name
@@ -319,30 +320,60 @@ def _glue_scope(node: torch.fx.Node) -> str:
     return "passed" if op_name(node.target) == "passed_block" else ""
 
 
-def blockwise(model: torch.nn.Module, inputs: list[Any]) -> Blockwise | None:
-    """The model's tasks captured block-wise (module docstring), without times; None where it does not
-    apply (logged): no repeated blocks, a block called with shared state (a cache), an output tensor that
-    is like none or several of its block's inputs, a block not called, a capture that failed."""
+def filled(t: torch.Tensor) -> torch.Tensor:
+    """Values for timing a block on a tensor like `t`: standard normal floats, zero integers (valid indices
+    and positions), all-true masks (nothing masked out: no row without a key)."""
+    with torch.no_grad():
+        if t.dtype.is_floating_point:
+            return t.normal_()
+        return t.fill_(True) if t.dtype == torch.bool else t.zero_()
+
+
+def _timed(cap: Capture, user_inputs: list[Any], device: str, budget_s: float | None,
+           scope: Callable[[torch.fx.Node], str] | None = None) -> list[Task]:
+    """The capture's tasks, timed on `user_inputs` when a budget is given (forge.capture.timing)."""
+    if budget_s is None:
+        return build_tasks(cap.graph_module.graph, scope=scope)
+    times = time_graph(cap.graph_module, cap.flat_args(user_inputs), device, budget_s=budget_s)
+    return build_tasks(cap.graph_module.graph, times.node_ms, scope=scope)
+
+
+def blockwise(model: torch.nn.Module, inputs: list[Any], budget_s: float | None = None) -> Blockwise | None:
+    """The model's tasks captured block-wise (module docstring); None where it does not apply (logged): no
+    repeated blocks, a block called with shared state (a cache), an output tensor that is like none or
+    several of its block's inputs, a block not called, a capture that failed. `budget_s` (real inputs
+    only): time the glue and each kind of block for about that long each, and give the tasks their times
+    and shares; None: untimed. A kind is timed on tensors like its traced call's (`filled`): in an eager
+    forward the blocks may be called otherwise (transformers passes Qwen 3.5's attention no mask in eager
+    and a causal one under export)."""
     start = time.perf_counter()
     blocks = block_list(model)
     if not blocks:
         return None
+    device = next((str(x.device) for x in inputs if isinstance(x, torch.Tensor)), "cpu")
     try:
         glue, calls = _glue(model, inputs, blocks)
         distinct: dict[str, list[Call]] = {}
         for c in calls:
             distinct.setdefault(c.signature, []).append(c)
-        parts = [(build_tasks(glue.graph_module.graph, scope=_glue_scope), 1, "glue")]
+        parts = [(_timed(glue, inputs, device, budget_s, _glue_scope), 1, "glue")]
         nodes, by_path = _nodes(glue), dict(blocks)
         for group in distinct.values():
             bound = Bound(by_path[group[0].path], group[0])
             cap = capture(bound, bound.tensors())
             nodes += _nodes(cap)
-            parts.append((build_tasks(cap.graph_module.graph), len(group), group[0].path))
+            parts.append((_timed(cap, [filled(t) for t in bound.tensors()], device, budget_s), len(group),
+                          group[0].path))
     except (NotBlockwise, UserError) as e:
         log.info("block-wise capture does not apply (%s): the whole graph is captured", e)
         return None
     seconds = time.perf_counter() - start
     log.info("block-wise capture: %d block calls, %d distinct, %d ATen nodes in %.1f s", len(calls),
              len(distinct), nodes, seconds)
-    return Blockwise(_merge(parts), {g[0].path: len(g) for g in distinct.values()}, nodes, seconds)
+    return Blockwise(_shared(_merge(parts)), {g[0].path: len(g) for g in distinct.values()}, nodes, seconds)
+
+
+def _shared(tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+    """Shares of model time from the merged tasks' summed times (None where untimed)."""
+    total = sum(t.ms or 0.0 for t in tasks)
+    return tuple(replace(t, share=t.ms / total if t.ms is not None and total else None) for t in tasks)

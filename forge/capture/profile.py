@@ -93,16 +93,20 @@ class Profile:
             raise ValueError(f"Invalid profile {path}: not JSON ({e})") from e
 
 
-def profile_blockwise(loaded: LoadedModel, extra: dict[str, Any] | None = None) -> Profile | None:
-    """A meta model's tasks captured one distinct block at a time (forge.capture.blocks), without times; None
-    where the model has no repeated blocks to cut it by."""
-    if loaded.device != "meta":
-        raise ValueError("block-wise profiles are untimed: meta models only")
-    bw = blockwise(loaded.model, loaded.inputs)
+def profile_blockwise(loaded: LoadedModel, extra: dict[str, Any] | None = None, budget_s: float = 1.0
+                      ) -> Profile | None:
+    """A model's tasks captured one distinct block at a time (forge.capture.blocks), timed on a real device
+    (the glue and each kind of block for about `budget_s`, a task's time summed over its blocks) and untimed
+    on meta; None where the model has no repeated blocks to cut it by. The layout is the model's own."""
+    timed = loaded.device != "meta"
+    bw = blockwise(loaded.model, loaded.inputs, budget_s if timed else None)
     if bw is None:
         return None
     info = {"torch": torch.__version__, **(extra or {}), "layout": "", "blocks": bw.blocks}
-    return Profile(loaded.name, "meta", loaded.dtype, None, bw.tasks, None, bw.nodes, bw.seconds, info)
+    total = sum(t.ms or 0.0 for t in bw.tasks) if timed else None
+    if timed:
+        info["timing"] = {"method": "per-node medians under an FX interpreter, each kind of block once"}
+    return Profile(loaded.name, loaded.device, loaded.dtype, total, bw.tasks, None, bw.nodes, bw.seconds, info)
 
 
 def profile_model(loaded: LoadedModel, *, budget_s: float = 5.0, extra: dict[str, Any] | None = None,

@@ -179,12 +179,30 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         console.print(f"  {key}: {n} candidates, best {best:.2f}x" if best else f"  {key}: {n} candidates")
 
     report = optimize(loaded, store, policy=pol, budget=budget, progress=progress, resume=args.resume,
-                      load=load, inductor=args.inductor,
-                      layout=layout.requested(args.layout))
+                      load=load, inductor=args.inductor, layout=layout.requested(args.layout), blocks=args.blocks)
     print_optimize(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
     return 0
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    """forge eval's arguments."""
+    p = sub.add_parser("eval", help="build, verify and benchmark one kernel for one task")
+    p.add_argument("kernel", help="kernel source: .c/.cpp (cpu), .cu (cuda) or .py (triton)")
+    p.add_argument("--task", required=True, help="the task's key (or a unique prefix of it)")
+    p.add_argument("--model", help="the model file the task comes from")
+    p.add_argument("--zoo", metavar="NAME", help="or a reference model")
+    p.add_argument("--profile", metavar="JSON", help="or a profile written by forge profile --json")
+    p.add_argument("--device", default="cpu", help="where to verify and time: cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="fp32", help="the model's dtype (with --model / --zoo)")
+    p.add_argument("--backend", choices=NAMES, help="default: from the file suffix")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a hung candidate is killed")
+    p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
+    p.add_argument("--no-store", action="store_true", help="do not record the evaluation")
+    for name in ("layers", "batch", "seq", "resolution"):
+        p.add_argument(f"--{name}", type=int, help=f"zoo: {name}")
+    p.set_defaults(func=cmd_eval)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,21 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "once (faster on deep models; regions stop at block boundaries)")
     p.set_defaults(func=cmd_profile)
 
-    p = sub.add_parser("eval", help="build, verify and benchmark one kernel for one task")
-    p.add_argument("kernel", help="kernel source: .c/.cpp (cpu), .cu (cuda) or .py (triton)")
-    p.add_argument("--task", required=True, help="the task's key (or a unique prefix of it)")
-    p.add_argument("--model", help="the model file the task comes from")
-    p.add_argument("--zoo", metavar="NAME", help="or a reference model")
-    p.add_argument("--profile", metavar="JSON", help="or a profile written by forge profile --json")
-    p.add_argument("--device", default="cpu", help="where to verify and time: cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="fp32", help="the model's dtype (with --model / --zoo)")
-    p.add_argument("--backend", choices=NAMES, help="default: from the file suffix")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a hung candidate is killed")
-    p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
-    p.add_argument("--no-store", action="store_true", help="do not record the evaluation")
-    for name in ("layers", "batch", "seq", "resolution"):
-        p.add_argument(f"--{name}", type=int, help=f"zoo: {name}")
-    p.set_defaults(func=cmd_eval)
+    _add_eval(sub)
 
     p = sub.add_parser("optimize", help="search faster kernels for a model and measure it end to end")
     _add_model_args(p)
@@ -238,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=("auto", "row-major", "channels-last"), default="auto",  # layout.CHOICES
                    help="activation layout the model is captured and searched in (default auto: channels-last "
                    "when the model has convolutions and its forward is faster so, measured)")
+    p.add_argument("--blocks", action="store_true", help="capture each distinct repeated block once and apply "
+                   "the kernels block by block (deep models; no whole-graph rewrites)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
     p.add_argument("--resume", metavar="RUN", help="continue a stopped or killed run (its id) with its own "

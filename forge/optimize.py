@@ -11,7 +11,7 @@ from typing import Any
 
 from forge.capture.export import Capture
 from forge.capture.model_input import LoadedModel
-from forge.capture.profile import Profile, profile_model
+from forge.capture.profile import Profile, profile_blockwise, profile_model
 from forge.errors import UserError
 from forge.evaluate.evaluator import Evaluator
 from forge.policy.base import Policy
@@ -19,7 +19,7 @@ from forge.policy.recipes.policy import RecipePolicy
 from forge.runtime import artifact
 from forge.runtime.dispatch import KernelArtifact
 from forge.runtime.endtoend import alternate
-from forge.runtime.variants import GAIN, TRIVIAL, Measured, Variant, choose
+from forge.runtime.variants import GAIN, TRIVIAL, Measured, Variant, choose, choose_blockwise
 from forge.search.driver import Budget, Progress, TaskOutcome, search
 from forge.store import RunRecord, Store, TaskRecord
 from forge.store.recorder import StoreRecorder
@@ -129,7 +129,7 @@ def _check_same_model(run: RunRecord, loaded: LoadedModel, keys: set[str], tasks
 def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recipes", budget: Budget | None = None,
              runs_dir: str | Path = "runs", progress: Progress | None = None, resume: str | None = None,
              load: dict[str, Any] | None = None, profile_out: str | Path | None = None,
-             inductor: bool = True, layout: str | None = None) -> OptimizeReport:
+             inductor: bool = True, layout: str | None = None, blocks: bool = False) -> OptimizeReport:
     """The whole job; every candidate and evaluation is stored as it happens.
 
     `resume` continues a stopped or killed run (its id) with its stored budget, trees and decisions; no
@@ -137,15 +137,16 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     `profile_out`: also write the profile the search starts from (forge profile's JSON) there.
     `inductor`: also measure the result compiled by torch.compile (forge.runtime.variants); the fastest variant wins.
     `layout`: the activation layout to capture and search in (forge.capture.layout; None: measured, the faster one).
+    `blocks`: capture each kind of repeated block once and dispatch the kernels block by block
+    (forge.capture.blocks, forge.runtime.blockwise; the model's own layout), where the model has such blocks.
     """
     start = time.monotonic()
     pol = make_policy(policy, loaded.device) if isinstance(policy, str) else policy
     stored = resumable(store, resume) if resume else None
-    # a resumed run is captured in the layout it was started in (its task keys name those strides)
-    prof, cap = profile_model(loaded, budget_s=1.0, layout=stored.config.get("layout", "") if stored else layout)
+    prof, cap = _profile(loaded, stored, layout, blocks)
     if profile_out:
         prof.save(profile_out)
-    run, budget = _started(store, stored, loaded, prof, pol, budget, load, cap.layout)
+    run, budget = _started(store, stored, loaded, prof, pol, budget, load, cap.layout if cap else "", cap is None)
     pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
         with Evaluator(loaded.device) as ev:
@@ -160,8 +161,19 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     return _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, Path(runs_dir), inductor)
 
 
+def _profile(loaded: LoadedModel, stored: RunRecord | None, layout: str | None, blocks: bool
+             ) -> tuple[Profile, Capture | None]:
+    """The profile to search from and the whole capture (None when captured block-wise). A resumed run is
+    captured as it was started: in its layout (its task keys name those strides), block-wise or whole."""
+    if stored:
+        layout, blocks = stored.config.get("layout", ""), bool(stored.config.get("blocks"))
+    prof = profile_blockwise(loaded, budget_s=1.0) if blocks else None
+    return (prof, None) if prof is not None else profile_model(loaded, budget_s=1.0, layout=layout)
+
+
 def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: Profile, pol: Policy,
-             budget: Budget | None, load: dict[str, Any] | None, layout: str) -> tuple[RunRecord, Budget]:
+             budget: Budget | None, load: dict[str, Any] | None, layout: str, blocks: bool
+             ) -> tuple[RunRecord, Budget]:
     """The run to search in and its budget: the stored one resumed (checked to be this model), or a new one."""
     if stored:
         _check_same_model(stored, loaded, {t.key for t in prof.tasks}, store.get_tasks(stored.id))
@@ -169,11 +181,11 @@ def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: 
         return stored, Budget(**stored.config["budget"])
     budget = budget or Budget()
     run = store.create_run(loaded.name, device=loaded.device, dtype=loaded.dtype, policy=pol.name,
-                           config={"budget": vars(budget), "load": load or {}, "layout": layout})
+                           config={"budget": vars(budget), "load": load or {}, "layout": layout, "blocks": blocks})
     return run, budget
 
 
-def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof: Profile, cap: Capture,
+def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof: Profile, cap: Capture | None,
             outcomes: tuple[TaskOutcome, ...], budget: Budget, start: float, runs_dir: Path,
             inductor: bool) -> OptimizeReport:
     """The searched kernels' variants measured end to end, the fastest saved as the run's artifact (eager's
@@ -182,13 +194,17 @@ def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof
     kernels = [KernelArtifact(o.key, o.best.backend, o.library, o.best.entry, by_key[o.key].inputs,
                               by_key[o.key].outputs, by_key[o.key].source, o.best.source)
                for o in outcomes if o.best is not None and o.library]
-    folder = runs_dir / run.id
+    folder, layout = runs_dir / run.id, cap.layout if cap else ""
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
-            "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype, "layout": cap.layout}
+            "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype, "layout": layout}
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
     finish = start + budget.seconds * _COMPILE_END if budget.seconds else None
-    best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor, deadline=deadline,
-                         finish=finish, cap=cap)
+    if cap is None:  # captured block-wise: dispatched block-wise
+        best, tried = choose_blockwise(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor,
+                                       deadline=deadline, finish=finish)
+    else:
+        best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor,
+                             deadline=deadline, finish=finish, cap=cap)
     # the found kernels with no rewrite (the first variant of their chain that ran), for the report
     plain = [m for m in tried if m.variant.kernels == bool(kernels) and not m.variant.rewrites
              and not m.variant.runtime.startswith("inductor")]
@@ -217,4 +233,4 @@ def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof
                                         "device_seconds": cost.device_seconds,
                                         "wall_seconds": time.monotonic() - start},
                           best.variant if applied else None, tuple(tried),
-                          best.peak_mem_ratio if applied else None, cap.layout)
+                          best.peak_mem_ratio if applied else None, layout)

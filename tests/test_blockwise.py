@@ -147,3 +147,55 @@ def test_on_the_gpu_the_whole_forward_replays_as_one_cuda_graph_with_block_kerne
     torch.testing.assert_close(*outs[0])  # later replays did not overwrite the first call's output
     assert opt.counters() and all(c.hits >= 1 and not c.fallbacks for c in opt.counters().values())
     assert "forward" not in vars(model.layers[0])
+
+
+@pytest.mark.slow
+def test_optimize_block_wise_measures_block_wise_variants_and_loads_its_result(tmp_path, monkeypatch):
+    import json
+
+    from conftest import MODELS
+
+    import forge
+    from forge.capture.model_input import load_file
+    from forge.cli import main
+    from forge.runtime.blockwise import BlockwiseModule
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "report.json"
+    code = main(["optimize", str(MODELS / "stacked_blocks.py"), "--blocks", "--no-inductor", "--seconds", "40",
+                 "--budget", "16", "--db", str(tmp_path / "f.db"), "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["outputs_match"] is True
+    variants = [m["variant"] for m in report["variants"]]
+    assert variants and all(v["blocks"] and v["name"].endswith("block-wise") for v in variants)
+    assert any(m["match"] for m in report["variants"])
+    loaded = load_file(MODELS / "stacked_blocks.py")
+    opt = forge.load(tmp_path / report["artifact"], loaded.model, loaded.inputs)
+    x = torch.randn(2, 16, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), loaded.model(x), rtol=1e-4, atol=1e-5)
+    if report["applied"]:  # the block-wise result, rebuilt: its kernels ran in all four blocks
+        assert isinstance(opt, BlockwiseModule) and opt.block_fallbacks == 0
+        assert all(c.hits % 4 == 0 and c.hits and not c.fallbacks for c in opt.counters().values())
+
+
+def test_a_block_wise_artifact_is_rebuilt_block_wise(tmp_path):
+    import forge
+    from forge.runtime import artifact
+    from forge.runtime.blockwise import BlockwiseModule
+    from forge.runtime.variants import Variant
+
+    torch.manual_seed(5)
+    model, x = Tower().eval(), torch.randn(3, 40, 96)
+    arts = _kernels(model, [x])
+    variant = Variant(True, (), "graph", blocks=True)
+    artifact.save(tmp_path / "a", arts, {"device_model": artifact.device_model("cpu"), "layout": "",
+                                          "variant": variant.to_json()})
+    opt = forge.load(tmp_path / "a", model, [x])
+    assert isinstance(opt, BlockwiseModule)
+    y = torch.randn(3, 40, 96)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(y), model(y))
+    assert opt.counters() and all(c.hits == 3 and not c.fallbacks for c in opt.counters().values())
+    assert Variant.parse(variant.to_json()) == variant and variant.name == "kernels, graph, block-wise"

@@ -42,6 +42,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from forge.capture.export import Capture, capture
+from forge.runtime.blockwise import BlockwiseModule, apply_blockwise
 from forge.runtime.dispatch import KernelArtifact, OptimizedModule, _views_to_reshapes, apply
 from forge.runtime.endtoend import fresh_inputs, interleaved_ms, outputs_match
 from forge.runtime.rewrites import REWRITES, parse, rewrite
@@ -60,10 +61,13 @@ class Variant:
     rewrites: tuple[str, ...] = ()
     runtime: str = "graph"
     without: tuple[str, ...] = ()  # task keys of found kernels left out (they fell back under Inductor)
+    blocks: bool = False  # the kernels applied block by block (forge.runtime.blockwise), the glue eager
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
             raise ValueError(f"Invalid runtime {self.runtime!r}: choose from {', '.join(RUNTIMES)}")
+        if self.blocks and (self.rewrites or not self.kernels or self.runtime.startswith("inductor")):
+            raise ValueError("Invalid variant: block-wise dispatch takes kernels, no rewrites and no Inductor")
         object.__setattr__(self, "rewrites", parse(self.rewrites))
         object.__setattr__(self, "without", tuple(sorted(self.without)))
 
@@ -77,24 +81,25 @@ class Variant:
         """Human-readable, e.g. 'kernels + fold-bn + channels-last, cuda-graph' or 'model, inductor'."""
         kernels = f"kernels (less {len(self.without)})" if self.without else "kernels"
         parts = ([kernels] if self.kernels else []) + list(self.rewrites)
-        return f"{' + '.join(parts) or ('model' if self.own_model else 'eager graph')}, {self.runtime}"
+        name = f"{' + '.join(parts) or ('model' if self.own_model else 'eager graph')}, {self.runtime}"
+        return f"{name}, block-wise" if self.blocks else name
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form."""
         return {"kernels": self.kernels, "rewrites": list(self.rewrites), "runtime": self.runtime,
-                "without": list(self.without), "name": self.name}
+                "without": list(self.without), "blocks": self.blocks, "name": self.name}
 
     @classmethod
     def parse(cls, d: dict[str, Any]) -> Variant:
         """Inverse of to_json; ValueError on a malformed entry."""
         try:
             kernels, rewrites, runtime = d["kernels"], tuple(d["rewrites"]), str(d["runtime"])
-            without = tuple(str(k) for k in d.get("without", ()))
+            without, blocks = tuple(str(k) for k in d.get("without", ())), d.get("blocks", False)
         except (KeyError, TypeError) as e:
             raise ValueError(f"Invalid variant: {d!r}") from e
-        if not isinstance(kernels, bool):
-            raise ValueError(f"Invalid variant (kernels must be true or false): {d!r}")
-        return cls(kernels, rewrites, runtime, without)
+        if not isinstance(kernels, bool) or not isinstance(blocks, bool):
+            raise ValueError(f"Invalid variant (kernels and blocks must be true or false): {d!r}")
+        return cls(kernels, rewrites, runtime, without, blocks)
 
 
 TRIVIAL = Variant(False, (), "graph")  # the captured graph run as it is: eager by another name
@@ -132,10 +137,16 @@ class Measured:
 
 def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], variant: Variant,
           device: str, strict: bool = False, cap: Capture | None = None
-          ) -> tuple[Callable[..., Any], OptimizedModule | None, dict[str, int]]:
+          ) -> tuple[Callable[..., Any], OptimizedModule | BlockwiseModule | None, dict[str, int]]:
     """The model as `variant`: (callable, the patched module under it or None for the model itself, sites
     rewritten per rewrite). `cap`: the model's capture on these inputs, when there is one already (see
     forge.runtime.dispatch.apply)."""
+    if variant.blocks:
+        used = [k for k in kernels if k.key not in variant.without]
+        bw = apply_blockwise(model, inputs, used, strict=strict, cuda_graph=variant.runtime == "cuda-graph")
+        if bw is None:
+            raise RuntimeError("the model has no repeated blocks to dispatch block-wise")
+        return bw, bw, {}
     if variant.own_model:  # nothing of forge's in it: the model itself, as torch.compile(model) would (the
         # captured graph, with parameters as inputs, compiled measurably slower than that on some CPU problems)
         return Compiled(_Call(model), None, variant.runtime == "inductor-cuda-graph"), None, {}
@@ -280,7 +291,7 @@ def _greedy(run: Callable[..., Measured], kernels: bool, names: tuple[str, ...],
     return best, tuple(later), runtime
 
 
-def _first(run: Callable[..., Measured], kernels: bool, cuda: bool) -> tuple[Measured, str]:
+def _first(run: Callable[..., Measured], kernels: bool, cuda: bool, blocks: bool = False) -> tuple[Measured, str]:
     """A chain's first step and the runtime its compiled end will have. On CUDA both runtimes are measured:
     the CUDA graph (no launches) is kept unless the graph run op by op is faster by more than the noise, as
     it is where copying the inputs into the graph's own buffers costs more than the launches save
@@ -288,8 +299,9 @@ def _first(run: Callable[..., Measured], kernels: bool, cuda: bool) -> tuple[Mea
     default 3.08x); then Inductor runs without CUDA graphs too. A forward forge cannot capture still gets
     Inductor's CUDA graphs (they leave out what they cannot capture)."""
     if not cuda:
-        return run(Variant(kernels, (), "graph")), "inductor"
-    replayed, plain = run(Variant(kernels, (), "cuda-graph")), run(Variant(kernels, (), "graph"))
+        return run(Variant(kernels, (), "graph", blocks=blocks)), "inductor"
+    replayed = run(Variant(kernels, (), "cuda-graph", blocks=blocks))
+    plain = run(Variant(kernels, (), "graph", blocks=blocks))
     if replayed.ok and _time(plain) < _time(replayed) * GAIN:
         return plain, "inductor"
     return (replayed if replayed.ok else min(plain, replayed, key=_time)), "inductor-cuda-graph"
@@ -357,3 +369,32 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
             queue.insert(0, replace(v, without=without))
     # the fastest that ran, of the variants that are something other than eager by another name
     return min((m for m in tried if m.ok and m.variant != TRIVIAL), key=_time, default=best), tried
+
+
+def choose_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
+                     compile: bool = True, deadline: float | None = None, finish: float | None = None
+                     ) -> tuple[Measured, list[Measured]]:
+    """`choose` for kernels found block-wise (forge.capture.blocks): the kernels dispatched block by block on
+    the faster runtime (`_first`), then the model itself compiled by Inductor on the runtime that choice
+    implies, time permitting. No whole graph is captured, so no rewrites and no kernels inside Inductor."""
+    cuda = device.startswith("cuda")
+    tried: list[Measured] = []
+
+    def run(v: Variant, need: str = "") -> Measured:
+        m, _ = measure(model, inputs, kernels, v, device, None, need)
+        tried.append(m)
+        return m
+
+    runtime = "inductor-cuda-graph" if cuda else "inductor"
+    if kernels:
+        _, runtime = _first(run, True, cuda, blocks=True)
+    if compile and _may_compile(time.monotonic(), 0.0, deadline, finish):
+        run(Variant(False, (), runtime))
+    if not tried:
+        tried.append(_nothing())
+    return min(tried, key=_time), tried  # all failed: the first, with its error
+
+
+def _nothing() -> Measured:
+    """What choose_blockwise returns when it measured nothing (no kernels, no compilation)."""
+    return Measured(TRIVIAL, 0.0, 0.0, False, float("inf"), None, {}, "no variant to measure")

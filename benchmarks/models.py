@@ -61,8 +61,9 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
     start = time.monotonic()
     budget = Budget(**({"seconds": args.seconds} if args.seconds else {}))
     report = optimize(loaded, store, budget=budget, runs_dir=Path(tmp) / "runs", inductor=args.inductor,
-                      layout=layout.requested(args.layout))
-    row.update(optimize_s=time.monotonic() - start, variant=report.variant.name if report.variant else "eager",
+                      layout=layout.requested(args.layout), blocks=args.blocks)
+    row.update(blocks=args.blocks, optimize_s=time.monotonic() - start,
+               variant=report.variant.name if report.variant else "eager",
                optimize_eager_ms=report.eager_ms, optimize_forge_ms=report.forge_ms,
                peak_mem_ratio=report.peak_mem_ratio, run=report.to_json())
     save()
@@ -144,6 +145,8 @@ def main() -> int:
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--layout", choices=layout.CHOICES, default="auto",
                    help="forge optimize's capture layout (default: measured, as forge optimize's own default)")
+    p.add_argument("--blocks", action="store_true", help="forge optimize --blocks: captured and dispatched block by "
+                   "block (Qwen 3.5)")
     p.add_argument("--profile", action="store_true", help="on CUDA, also break forge's and the faster compile's "
                    "device time down by kernel (torch profiler; benchmarks/breakdown.py)")
     for name in ("layers", "batch", "seq", "resolution"):

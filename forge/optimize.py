@@ -19,7 +19,8 @@ from forge.policy.recipes.policy import RecipePolicy
 from forge.runtime import artifact
 from forge.runtime.dispatch import KernelArtifact
 from forge.runtime.endtoend import alternate
-from forge.runtime.variants import GAIN, TRIVIAL, Measured, Variant, choose, choose_blockwise
+from forge.runtime.variants import GAIN, TRIVIAL, Measured, Variant, choose
+from forge.runtime.variants_blocks import choose_blockwise
 from forge.search.driver import Budget, Progress, TaskOutcome, search
 from forge.store import RunRecord, Store, TaskRecord
 from forge.store.recorder import StoreRecorder

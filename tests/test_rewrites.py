@@ -308,17 +308,17 @@ def test_the_rewrites_that_make_a_rewrites_sites_come_before_it_in_the_table():
 
 
 def test_a_second_compilation_starts_after_the_deadline_when_the_first_ones_time_fits():
-    from forge.runtime.variants import _may_compile
+    from forge.runtime.variants import may_compile
     # none run yet: the deadline decides (its cost is unknown)
-    assert _may_compile(now=10.0, last=0.0, deadline=20.0, finish=30.0)
-    assert not _may_compile(now=21.0, last=0.0, deadline=20.0, finish=30.0)
+    assert may_compile(now=10.0, last=0.0, deadline=20.0, finish=30.0)
+    assert not may_compile(now=21.0, last=0.0, deadline=20.0, finish=30.0)
     # one took 5 s: past the deadline it still starts while 5 s fit before finish, and not when they do not
-    assert _may_compile(now=24.0, last=5.0, deadline=20.0, finish=30.0)
-    assert not _may_compile(now=26.0, last=5.0, deadline=20.0, finish=30.0)
+    assert may_compile(now=24.0, last=5.0, deadline=20.0, finish=30.0)
+    assert not may_compile(now=26.0, last=5.0, deadline=20.0, finish=30.0)
     # no limits at all: always
-    assert _may_compile(now=1e9, last=100.0, deadline=None, finish=None)
+    assert may_compile(now=1e9, last=100.0, deadline=None, finish=None)
     # a deadline without a finish stays a hard stop
-    assert not _may_compile(now=21.0, last=5.0, deadline=20.0, finish=None)
+    assert not may_compile(now=21.0, last=5.0, deadline=20.0, finish=None)
 
 
 def _timed(times: dict[str, float]):
@@ -333,20 +333,20 @@ def _timed(times: dict[str, float]):
 
 
 def test_on_cuda_a_chain_starts_on_the_faster_runtime_and_its_compiled_end_follows():
-    from forge.runtime.variants import _first
+    from forge.runtime.variants import first_step
     inf = float("inf")
     # the CUDA graph wins (launch-bound models): Inductor's CUDA graphs at the end
-    m, rt = _first(_timed({"cuda-graph": 1.0, "graph": 2.0}), True, cuda=True)
+    m, rt = first_step(_timed({"cuda-graph": 1.0, "graph": 2.0}), True, cuda=True)
     assert (m.variant.runtime, rt) == ("cuda-graph", "inductor-cuda-graph")
     # copying huge inputs into the graph's buffers costs more than it saves: no CUDA graph, in both stages
-    m, rt = _first(_timed({"cuda-graph": 2.0, "graph": 1.0}), True, cuda=True)
+    m, rt = first_step(_timed({"cuda-graph": 2.0, "graph": 1.0}), True, cuda=True)
     assert (m.variant.runtime, rt) == ("graph", "inductor")
     # within the noise the CUDA graph stays
-    m, rt = _first(_timed({"cuda-graph": 1.0, "graph": 0.995}), True, cuda=True)
+    m, rt = first_step(_timed({"cuda-graph": 1.0, "graph": 0.995}), True, cuda=True)
     assert (m.variant.runtime, rt) == ("cuda-graph", "inductor-cuda-graph")
     # forge cannot capture it: the graph, and Inductor still tries its own CUDA graphs
-    m, rt = _first(_timed({"cuda-graph": inf, "graph": 3.0}), False, cuda=True)
+    m, rt = first_step(_timed({"cuda-graph": inf, "graph": 3.0}), False, cuda=True)
     assert (m.variant.runtime, rt, m.variant.kernels) == ("graph", "inductor-cuda-graph", False)
     # on the CPU there is one runtime to measure
-    m, rt = _first(_timed({"graph": 1.0}), True, cuda=False)
+    m, rt = first_step(_timed({"graph": 1.0}), True, cuda=False)
     assert (m.variant.runtime, rt) == ("graph", "inductor")

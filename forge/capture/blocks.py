@@ -109,13 +109,26 @@ _INDEX_ATTRS = {"layer_idx", "layer_id", "layer_number", "block_idx", "idx"}
 CONSTANTS = (type(None), bool, int, float, str, torch.dtype, torch.device)
 
 
+def _plain(v: Any) -> str | None:
+    """An attribute as text where it can change a block's work: constants and containers of them by value,
+    a tensor attribute (not a parameter or buffer) by meta; None for the rest."""
+    if isinstance(v, CONSTANTS):
+        return repr(v)
+    if isinstance(v, (tuple, list)) and all(isinstance(x, CONSTANTS) for x in v):
+        return repr(v)
+    if isinstance(v, torch.Tensor):
+        return f"tensor {TensorMeta.of(v).short()}"  # a per-block value: dispatch gives each block its own
+    return None
+
+
 def _attributes(block: torch.nn.Module) -> list[tuple[str, str, str, str]]:
     """Each submodule's path, class, extra_repr (a GELU's approximation, a norm's eps) and plain
-    attributes (a layer's type, a sliding window, a flag), index attributes left out."""
+    attributes (a layer's type, a sliding window, a flag, a tuple of sizes, a tensor's meta), index
+    attributes left out."""
     out = []
     for path, m in block.named_modules():
-        plain = sorted((k, repr(v)) for k, v in vars(m).items()
-                       if not k.startswith("_") and k not in _INDEX_ATTRS and isinstance(v, CONSTANTS))
+        plain = sorted((k, t) for k, v in vars(m).items()
+                       if not k.startswith("_") and k not in _INDEX_ATTRS and (t := _plain(v)) is not None)
         out.append((path, type(m).__qualname__, m.extra_repr(), repr(plain)))
     return out
 
@@ -321,12 +334,17 @@ def _glue_scope(node: torch.fx.Node) -> str:
 
 
 def filled(t: torch.Tensor) -> torch.Tensor:
-    """Values for timing a block on a tensor like `t`: standard normal floats, zero integers (valid indices
-    and positions), all-true masks (nothing masked out: no row without a key)."""
+    """A tensor of `t`'s shape, strides and dtype for timing a block on: standard normal floats, zero integers
+    (valid indices and positions), all-true masks (nothing masked out: no row without a key). Strides that
+    overlap (an expanded mask, stride 0) are kept: the values are written to the storage under them."""
+    size = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) if t.numel() else 0
     with torch.no_grad():
+        flat = torch.empty(size, dtype=t.dtype, device=t.device)
         if t.dtype.is_floating_point:
-            return t.normal_()
-        return t.fill_(True) if t.dtype == torch.bool else t.zero_()
+            flat.normal_()
+        else:
+            flat.fill_(True) if t.dtype == torch.bool else flat.zero_()
+        return flat.as_strided(t.shape, t.stride())
 
 
 def _timed(cap: Capture, user_inputs: list[Any], device: str, budget_s: float | None,
@@ -362,8 +380,8 @@ def blockwise(model: torch.nn.Module, inputs: list[Any], budget_s: float | None 
             bound = Bound(by_path[group[0].path], group[0])
             cap = capture(bound, bound.tensors())
             nodes += _nodes(cap)
-            parts.append((_timed(cap, [filled(t) for t in bound.tensors()], device, budget_s), len(group),
-                          group[0].path))
+            made = [filled(t) for t in bound.tensors()] if budget_s is not None else []
+            parts.append((_timed(cap, made, device, budget_s), len(group), group[0].path))
     except (NotBlockwise, UserError) as e:
         log.info("block-wise capture does not apply (%s): the whole graph is captured", e)
         return None

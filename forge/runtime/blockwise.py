@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from forge.capture.blocks import CONSTANTS, Bound, Call, Spec, block_list, signature, spec_of
@@ -38,14 +38,14 @@ class _BlockForward:
                  out_spec: pytree.TreeSpec, n_out: int) -> None:
         self.own, self.gm, self.template, self.slots = own, opt.gm, template, opt._user_slots
         leaves, self.spec = pytree.tree_flatten((call.args, call.kwargs))
-        self.leaves = leaves
+        self.typed = _typed(leaves)
         self.tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, Spec)]
         self.out_spec, self.n_out = out_spec, n_out
         self.fallbacks = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        if spec != self.spec or spec_of(leaves) != self.leaves:
+        if spec != self.spec or _typed(spec_of(leaves)) != self.typed:
             self.fallbacks += 1  # not the call the graph was captured for
             return self.own(*args, **kwargs)
         flat = list(self.template)
@@ -53,6 +53,11 @@ class _BlockForward:
             flat[slot] = leaves[i]
         out = self.gm(*flat)
         return pytree.tree_unflatten(list(out)[len(out) - self.n_out:], self.out_spec)
+
+
+def _typed(leaves: list[Any]) -> list[tuple[type, Any]]:
+    """Leaves with their types: a call with `1` is not the call recorded with `True` or `1.0`."""
+    return [(type(x), x) for x in leaves]
 
 
 def _record(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, torch.nn.Module]]
@@ -77,18 +82,41 @@ def _record(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, t
     return calls
 
 
+class NotDispatchable(Exception):
+    """Why a kind of block cannot run as one patched graph for all its blocks."""
+
+
+def _own(block: torch.nn.Module, target: str) -> torch.Tensor:
+    """The tensor a kind's capture names `block.<path>` (a parameter, buffer or tensor attribute), on this block."""
+    obj: Any = block
+    for part in target.split(".")[1:]:  # "block." is the Bound's
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, torch.Tensor):
+        raise NotDispatchable(f"{target} is not a tensor of every block of its kind")
+    return obj
+
+
 def _template(cap: Capture, block: torch.nn.Module, slots: list[int], first: list[Any]) -> list[Any]:
-    """The patched graph's arguments for `block`: its own parameters and buffers where the first block's were
-    (a kind's capture names them `block.<name>`), the user slots left for the call's tensors."""
-    state = {f"block.{n}": t for n, t in (*block.named_parameters(remove_duplicate=False),
-                                           *block.named_buffers(remove_duplicate=False))}
+    """The patched graph's arguments for `block`: its own parameters, buffers and tensor attributes where the
+    first block's were (a kind's capture names them `block.<path>`), the user slots left for the call's
+    tensors; NotDispatchable for a graph input that is not one of those."""
     flat = list(first)
     for i, spec in enumerate(cap.exported.graph_signature.input_specs):
-        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in state:
-            flat[i] = state[spec.target]
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            flat[i] = _own(block, spec.target)
+        elif spec.kind != InputKind.USER_INPUT:
+            raise NotDispatchable(f"a graph input of kind {spec.kind.name}")
     for s in slots:
         flat[s] = None
     return flat
+
+
+def _no_mutation(cap: Capture) -> None:
+    """NotDispatchable when the block changes state (a buffer, an input in place): the patched graph returns
+    such updates as outputs, and block-wise dispatch does not write them back."""
+    kinds = {o.kind for o in cap.exported.graph_signature.output_specs} - {OutputKind.USER_OUTPUT}
+    if kinds:
+        raise NotDispatchable(f"the block changes state ({', '.join(sorted(k.name for k in kinds))})")
 
 
 def _kind(block: torch.nn.Module, call: Call, kernels: list[KernelArtifact], strict: bool
@@ -96,6 +124,7 @@ def _kind(block: torch.nn.Module, call: Call, kernels: list[KernelArtifact], str
     """A kind of block captured on tensors like its first call's and patched with the kernels."""
     bound = Bound(block, call)
     cap = capture(bound, bound.tensors())
+    _no_mutation(cap)
     return apply(bound, bound.tensors(), kernels, strict=strict, cap=cap), cap
 
 
@@ -154,25 +183,41 @@ class BlockwiseModule(torch.nn.Module):
 
 def apply_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact],
                     strict: bool = False, cuda_graph: bool = False) -> BlockwiseModule | None:
-    """`model` with `kernels` applied block by block (module docstring); None where it has no repeated blocks
-    or a block's call cannot be recorded as tensors and constants."""
+    """`model` with `kernels` applied block by block (module docstring); None where it has no repeated blocks,
+    a block's call cannot be recorded as tensors and constants, or a kind cannot run as one graph (it changes
+    state; an input that is not a tensor of each block). Kernels that apply to no block are logged."""
     blocks = block_list(model)
     calls = _record(model, inputs, blocks) if blocks else None
     if not calls:
         return None
+    try:
+        out = _dispatched(model, inputs, blocks, calls, kernels, strict, cuda_graph)
+    except NotDispatchable as e:
+        log.info("block-wise dispatch does not apply: %s", e)
+        return None
+    unused = sorted({k.key for k in kernels} - set(out.counters()))
+    if unused:  # the eager forward called a block otherwise than the profile's trace did, or glue kernels
+        log.warning("forge: %d kernels apply to no block: %s", len(unused), ", ".join(unused[:5]))
+    return out
+
+
+def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, torch.nn.Module]],
+                calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]], kernels: list[KernelArtifact],
+                strict: bool, cuda_graph: bool) -> BlockwiseModule:
+    """apply_blockwise's module, every kind captured and patched once."""
     by_path = dict(blocks)
     kinds: dict[str, tuple[OptimizedModule, Capture, list[Any]]] = {}
     forwards: dict[int, tuple[torch.nn.Module, _BlockForward]] = {}
     for path, args, kwargs in calls:
         block = by_path[path]
+        if id(block) in forwards:  # a block called twice: the first call's graph (others fall back)
+            continue
         a, kw = spec_of((args, kwargs))
         call = Call(path, signature(block, a, kw), a, kw)
         if call.signature not in kinds:
             opt, cap = _kind(block, call, kernels, strict)
             kinds[call.signature] = (opt, cap, opt._template)
         opt, cap, first = kinds[call.signature]
-        if id(block) in forwards:  # a block called twice: the first call's graph (others fall back)
-            continue
         own = vars(block).get("forward") or block.forward
         template = _template(cap, block, opt._user_slots, first)
         out_spec = cap.exported.call_spec.out_spec

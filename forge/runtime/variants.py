@@ -249,6 +249,8 @@ def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtif
             raise RuntimeError(f"not capturable as a CUDA graph: {opt.graph_error}")
         match, err = outputs_match(model, fn, fresh_inputs(inputs))
         peak = _peak_ratio(fn, model, inputs, base)
+        if isinstance(opt, BlockwiseModule):
+            _all_blocks_patched(opt)
         fell = {k: c for k, c in (opt.counters() if opt else {}).items() if c.fallbacks}
         if fell:  # a rewrite or a compiler changed a kernel's input layout: the variant is not what it says
             raise _FellBack(tuple(sorted(fell)), f"{len(fell)} kernels fall back to eager: " + "; ".join(
@@ -260,6 +262,14 @@ def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtif
     log.info("variant %s: %.3f ms against eager %.3f (%.2fx), match %s, %.1f s", variant.name, ms, eager_ms,
              eager_ms / ms if ms else 0.0, match, time.monotonic() - start)
     return Measured(variant, eager_ms, ms, match, err, peak, sites), fn
+
+
+def _all_blocks_patched(opt: BlockwiseModule) -> None:
+    """A block-wise variant is what it says only if every block ran its kind's graph and a kernel ran."""
+    if opt.block_fallbacks or opt.model_fallbacks:
+        raise RuntimeError(f"{opt.block_fallbacks} block calls and {opt.model_fallbacks} forwards ran eager")
+    if not any(c.hits for c in opt.counters().values()):
+        raise RuntimeError("no kernel applies to any block")
 
 
 class _FellBack(RuntimeError):
@@ -275,23 +285,23 @@ def _greedy(run: Callable[..., Measured], kernels: bool, names: tuple[str, ...],
     """Rewrites added one at a time on the runtime without compilation, each kept if the forward got faster;
     (the best, the rewrites that pay only compiled (Rewrite.pays_compiled) which rewrote something with
     outputs matching but were not kept: the compiled stage judges them again, the compiled runtime)."""
-    best, runtime = _first(run, kernels, cuda)
+    best, runtime = first_step(run, kernels, cuda)
     later: list[str] = []
     for name in names:
         m = run(replace(best.variant, rewrites=(*best.variant.rewrites, name)), need=name)
         missing = [a for a in REWRITES[name].after if a in names and a not in best.variant.rewrites]
-        if missing and not (m.ok and _time(m) < _time(best) * GAIN):  # with what makes its sites, not kept alone
+        if missing and not (m.ok and time_of(m) < time_of(best) * GAIN):  # with what makes its sites, not kept alone
             both = run(replace(best.variant, rewrites=(*best.variant.rewrites, *missing, name)), need=name)
             if all(both.sites.get(a) for a in missing):  # else the same graph as alone, timed a second time
-                m = min(m, both, key=_time)
-        if m.ok and _time(m) < _time(best) * GAIN:
+                m = min(m, both, key=time_of)
+        if m.ok and time_of(m) < time_of(best) * GAIN:
             best = m
         elif m.ok and REWRITES[name].pays_compiled:
             later.append(name)
     return best, tuple(later), runtime
 
 
-def _first(run: Callable[..., Measured], kernels: bool, cuda: bool, blocks: bool = False) -> tuple[Measured, str]:
+def first_step(run: Callable[..., Measured], kernels: bool, cuda: bool, blocks: bool = False) -> tuple[Measured, str]:
     """A chain's first step and the runtime its compiled end will have. On CUDA both runtimes are measured:
     the CUDA graph (no launches) is kept unless the graph run op by op is faster by more than the noise, as
     it is where copying the inputs into the graph's own buffers costs more than the launches save
@@ -302,17 +312,17 @@ def _first(run: Callable[..., Measured], kernels: bool, cuda: bool, blocks: bool
         return run(Variant(kernels, (), "graph", blocks=blocks)), "inductor"
     replayed = run(Variant(kernels, (), "cuda-graph", blocks=blocks))
     plain = run(Variant(kernels, (), "graph", blocks=blocks))
-    if replayed.ok and _time(plain) < _time(replayed) * GAIN:
+    if replayed.ok and time_of(plain) < time_of(replayed) * GAIN:
         return plain, "inductor"
-    return (replayed if replayed.ok else min(plain, replayed, key=_time)), "inductor-cuda-graph"
+    return (replayed if replayed.ok else min(plain, replayed, key=time_of)), "inductor-cuda-graph"
 
 
-def _time(m: Measured) -> float:
+def time_of(m: Measured) -> float:
     """What variants are compared by: their own median (inf when they failed)."""
     return m.ms if m.ok else float("inf")
 
 
-def _may_compile(now: float, last: float, deadline: float | None, finish: float | None) -> bool:
+def may_compile(now: float, last: float, deadline: float | None, finish: float | None) -> bool:
     """Whether another compilation starts: before `deadline` while none has run (its cost unknown), then
     while the last one's time still fits before `finish` (on the SD3.5 VAE the deadline alone once stopped
     the second compilation, the one that had won at ee775a5, with time for it left before `finish`)."""
@@ -345,7 +355,7 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     # One greedy chain without the kernels (a rewrite then reaches every site) and one with them: a kernel
     # that swallows a BatchNorm leaves nothing to fold, so the chains end in different places.
     heads = [_greedy(run, False, names, cuda)] + ([_greedy(run, True, names, cuda)] if kernels else [])
-    best = min((h for h, _, _ in heads), key=_time)
+    best = min((h for h, _, _ in heads), key=time_of)
     # Compiled, most promising first (a deadline may stop them): the chain without the kernels first (Inductor
     # fuses what they do: on the H200 the kernels inside Inductor won by 1.6% on Gemma 4, lost by 11% on the
     # SD3.5 MMDiT and fell back on the VAE), each head with the rewrites that pay only compiled, then the
@@ -358,7 +368,7 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     while queue:
         v = queue.pop(0)
         now = time.monotonic()
-        if not _may_compile(now, last, deadline, finish):
+        if not may_compile(now, last, deadline, finish):
             break
         m = run(v)  # a failed head is compiled too: Inductor may run it
         last = time.monotonic() - now
@@ -368,33 +378,5 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
         if m.fell and len(without) < len(kernels):
             queue.insert(0, replace(v, without=without))
     # the fastest that ran, of the variants that are something other than eager by another name
-    return min((m for m in tried if m.ok and m.variant != TRIVIAL), key=_time, default=best), tried
+    return min((m for m in tried if m.ok and m.variant != TRIVIAL), key=time_of, default=best), tried
 
-
-def choose_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
-                     compile: bool = True, deadline: float | None = None, finish: float | None = None
-                     ) -> tuple[Measured, list[Measured]]:
-    """`choose` for kernels found block-wise (forge.capture.blocks): the kernels dispatched block by block on
-    the faster runtime (`_first`), then the model itself compiled by Inductor on the runtime that choice
-    implies, time permitting. No whole graph is captured, so no rewrites and no kernels inside Inductor."""
-    cuda = device.startswith("cuda")
-    tried: list[Measured] = []
-
-    def run(v: Variant, need: str = "") -> Measured:
-        m, _ = measure(model, inputs, kernels, v, device, None, need)
-        tried.append(m)
-        return m
-
-    runtime = "inductor-cuda-graph" if cuda else "inductor"
-    if kernels:
-        _, runtime = _first(run, True, cuda, blocks=True)
-    if compile and _may_compile(time.monotonic(), 0.0, deadline, finish):
-        run(Variant(False, (), runtime))
-    if not tried:
-        tried.append(_nothing())
-    return min(tried, key=_time), tried  # all failed: the first, with its error
-
-
-def _nothing() -> Measured:
-    """What choose_blockwise returns when it measured nothing (no kernels, no compilation)."""
-    return Measured(TRIVIAL, 0.0, 0.0, False, float("inf"), None, {}, "no variant to measure")

@@ -1,0 +1,40 @@
+"""Variants of a model whose kernels were found block-wise (forge.capture.blocks): `choose_blockwise`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from forge.runtime.dispatch import KernelArtifact
+from forge.runtime.variants import TRIVIAL, Measured, Variant, first_step, may_compile, measure, time_of
+
+
+def choose_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
+                     compile: bool = True, deadline: float | None = None, finish: float | None = None
+                     ) -> tuple[Measured, list[Measured]]:
+    """`choose` for kernels found block-wise (forge.capture.blocks): the kernels dispatched block by block on
+    the faster runtime (`first_step`), then the model itself compiled by Inductor on the runtime that choice
+    implies, time permitting. No whole graph is captured, so no rewrites and no kernels inside Inductor."""
+    cuda = device.startswith("cuda")
+    tried: list[Measured] = []
+
+    def run(v: Variant, need: str = "") -> Measured:
+        m, _ = measure(model, inputs, kernels, v, device, None, need)
+        tried.append(m)
+        return m
+
+    runtime = "inductor-cuda-graph" if cuda else "inductor"
+    if kernels:
+        _, runtime = first_step(run, True, cuda, blocks=True)
+    if compile and may_compile(time.monotonic(), 0.0, deadline, finish):
+        run(Variant(False, (), runtime))
+    if not tried:
+        tried.append(_nothing())
+    return min(tried, key=time_of), tried  # all failed: the first, with its error
+
+
+def _nothing() -> Measured:
+    """What choose_blockwise returns when it measured nothing (no kernels, no compilation)."""
+    return Measured(TRIVIAL, 0.0, 0.0, False, float("inf"), None, {}, "no variant to measure")

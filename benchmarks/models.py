@@ -36,7 +36,7 @@ from breakdown import breakdown  # noqa: E402  (benchmarks/, on sys.path as the 
 from provenance import stamp  # noqa: E402
 
 import forge  # noqa: E402
-from forge.capture import layout  # noqa: E402
+from forge.capture import layout, zoo  # noqa: E402
 from forge.capture.model_input import load_zoo  # noqa: E402
 from forge.optimize import optimize  # noqa: E402
 from forge.runtime.endtoend import alternate, fresh_inputs, outputs_match  # noqa: E402
@@ -60,9 +60,10 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
     model, inputs, device = loaded.model, loaded.inputs, loaded.device
     start = time.monotonic()
     budget = Budget(**({"seconds": args.seconds} if args.seconds else {}))
+    blocks = args.blocks if args.blocks is not None else zoo.get_spec(name).blocks
     report = optimize(loaded, store, budget=budget, runs_dir=Path(tmp) / "runs", inductor=args.inductor,
-                      layout=layout.requested(args.layout), blocks=args.blocks)
-    row.update(blocks=args.blocks, optimize_s=time.monotonic() - start,
+                      layout=layout.requested(args.layout), blocks=blocks)
+    row.update(blocks=blocks, optimize_s=time.monotonic() - start,
                variant=report.variant.name if report.variant else "eager",
                optimize_eager_ms=report.eager_ms, optimize_forge_ms=report.forge_ms,
                peak_mem_ratio=report.peak_mem_ratio, run=report.to_json())
@@ -145,8 +146,8 @@ def main() -> int:
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--layout", choices=layout.CHOICES, default="auto",
                    help="forge optimize's capture layout (default: measured, as forge optimize's own default)")
-    p.add_argument("--blocks", action="store_true", help="forge optimize --blocks: captured and dispatched block by "
-                   "block (Qwen 3.5)")
+    p.add_argument("--blocks", action=argparse.BooleanOptionalAction, help="forge optimize --blocks: captured and "
+                   "dispatched block by block (default: the zoo model's own, on for Qwen 3.5)")
     p.add_argument("--profile", action="store_true", help="on CUDA, also break forge's and the faster compile's "
                    "device time down by kernel (torch profiler; benchmarks/breakdown.py)")
     for name in ("layers", "batch", "seq", "resolution"):

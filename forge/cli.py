@@ -53,6 +53,15 @@ def load_model(args: argparse.Namespace):  # noqa: ANN201 - returns forge.captur
     return model_input.load_file(args.model, args.device, args.dtype)
 
 
+def _blocks(args: argparse.Namespace) -> bool:
+    """--blocks as given, else the zoo model's default (forge.capture.zoo.ZooSpec.blocks)."""
+    if args.blocks is not None:
+        return bool(args.blocks)
+    from forge.capture import zoo
+
+    return bool(args.zoo) and zoo.get_spec(args.zoo).blocks
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """forge profile: tasks by share of time."""
     from forge.capture.profile import profile_blockwise, profile_model
@@ -62,7 +71,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}
     extra = {"sizes": sizes} if sizes else None
     # a model of repeated blocks captured one distinct block at a time (where it applies; else whole)
-    prof = profile_blockwise(loaded, extra, budget_s=args.budget) if args.blocks else None
+    prof = profile_blockwise(loaded, extra, budget_s=args.budget) if _blocks(args) else None
     if prof is None:
         prof, _ = profile_model(loaded, budget_s=args.budget, extra=extra)
     print_profile(prof, top=args.top)
@@ -179,7 +188,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         console.print(f"  {key}: {n} candidates, best {best:.2f}x" if best else f"  {key}: {n} candidates")
 
     report = optimize(loaded, store, policy=pol, budget=budget, progress=progress, resume=args.resume,
-                      load=load, inductor=args.inductor, layout=layout.requested(args.layout), blocks=args.blocks)
+                      load=load, inductor=args.inductor, layout=layout.requested(args.layout), blocks=_blocks(args))
     print_optimize(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
@@ -218,8 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=25, help="rows to show (0: all)")
     p.add_argument("--budget", type=float, default=5.0, help="seconds of timed runs (after warm-up; with "
                    "--blocks: for the glue and for each distinct block)")
-    p.add_argument("--blocks", action="store_true", help="each distinct repeated block captured and timed "
-                   "once (faster on deep models; regions stop at block boundaries)")
+    p.add_argument("--blocks", action=argparse.BooleanOptionalAction, help="each distinct repeated block "
+                   "captured and timed once (faster on deep models; regions stop at block boundaries; default: "
+                   "on for --zoo qwen35)")
     p.set_defaults(func=cmd_profile)
 
     _add_eval(sub)
@@ -242,8 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=("auto", "row-major", "channels-last"), default="auto",  # layout.CHOICES
                    help="activation layout the model is captured and searched in (default auto: channels-last "
                    "when the model has convolutions and its forward is faster so, measured)")
-    p.add_argument("--blocks", action="store_true", help="capture each distinct repeated block once and apply "
-                   "the kernels block by block (deep models; no whole-graph rewrites)")
+    p.add_argument("--blocks", action=argparse.BooleanOptionalAction, help="capture each distinct repeated "
+                   "block once and apply the kernels block by block (deep models; no whole-graph rewrites; "
+                   "default: on for --zoo qwen35)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
     p.add_argument("--resume", metavar="RUN", help="continue a stopped or killed run (its id) with its own "

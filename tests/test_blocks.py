@@ -251,3 +251,14 @@ def test_gemma4_layers_share_state_so_it_is_captured_whole():
     does is not all of its work, so block-wise capture refuses it."""
     model, inputs = zoo.build("gemma4", device="meta", batch=1, layers=2, seq=16)
     assert blockwise(model, inputs) is None
+
+
+def test_qwen35_is_profiled_block_wise_by_default_and_whole_on_request():
+    from forge.cli import _blocks, build_parser
+
+    def parsed(*extra: str) -> bool:
+        return _blocks(build_parser().parse_args(["profile", "--zoo", "qwen35", "--device", "meta", *extra]))
+
+    assert parsed() is True and parsed("--no-blocks") is False
+    assert _blocks(build_parser().parse_args(["optimize", "--zoo", "gemma4"])) is False
+    assert _blocks(build_parser().parse_args(["optimize", "x.py", "--blocks"])) is True

@@ -24,6 +24,7 @@ class ZooSpec:
     default_seq: int | None  # None: `seq` does not apply
     default_resolution: int | None  # None: `resolution` does not apply
     full_layers: int | None  # depth that `layers` cuts; None: `layers` does not apply
+    blocks: bool = False  # profiled and optimized block-wise by default (forge.capture.blocks)
 
     @property
     def config_file(self) -> str:
@@ -83,6 +84,7 @@ SPECS: dict[str, ZooSpec] = {
             default_seq=2048,
             default_resolution=None,
             full_layers=24,
+            blocks=True,  # its whole graph (53,393 ATen nodes, the delta rule unrolled) does not go through
         ),
     )
 }

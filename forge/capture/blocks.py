@@ -28,7 +28,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from forge.capture.export import Capture, TensorMeta, capture
-from forge.capture.timing import time_graph
+from forge.capture.timing import filled, time_graph
 from forge.errors import UserError
 from forge.tasks.cut import Task, build_tasks
 from forge.tasks.ops import op_name
@@ -257,17 +257,25 @@ def _passed_through(blocks: list[tuple[str, torch.nn.Module]], calls: _Seen) -> 
             return _through(*_output_of(forward, args, kwargs, key, outputs), args, kwargs)
         return through
 
-    own = {id(m): (m, vars(m).get("forward")) for _, m in blocks}  # a forward set on the instance stays
-    for m, _ in own.values():
-        m.forward = passed(m.forward)  # an instance attribute: nn.Module.__call__ finds it first
+    with forwards_set([(m, passed(m.forward)) for _, m in blocks]):
+        yield
+
+
+@contextmanager
+def forwards_set(pairs: list[tuple[torch.nn.Module, Callable[..., Any]]]) -> Iterator[None]:
+    """Each module's forward replaced by its callable for the duration, as an instance attribute
+    (nn.Module.__call__ finds it first; hooks still run); a forward set on the instance before is put back."""
+    before = [(m, vars(m).get("forward")) for m, _ in pairs]
+    for m, f in pairs:
+        m.forward = f
     try:
         yield
     finally:
-        for m, before in own.values():
-            if before is None:
+        for m, was in before:
+            if was is None:
                 del m.forward
             else:
-                m.forward = before
+                m.forward = was
 
 
 def _merge(parts: list[tuple[list[Task], int, str]]) -> tuple[Task, ...]:
@@ -333,20 +341,6 @@ def _glue_scope(node: torch.fx.Node) -> str:
     return "passed" if op_name(node.target) == "passed_block" else ""
 
 
-def filled(t: torch.Tensor) -> torch.Tensor:
-    """A tensor of `t`'s shape, strides and dtype for timing a block on: standard normal floats, zero integers
-    (valid indices and positions), all-true masks (nothing masked out: no row without a key). Strides that
-    overlap (an expanded mask, stride 0) are kept: the values are written to the storage under them."""
-    size = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) if t.numel() else 0
-    with torch.no_grad():
-        flat = torch.empty(size, dtype=t.dtype, device=t.device)
-        if t.dtype.is_floating_point:
-            flat.normal_()
-        else:
-            flat.fill_(True) if t.dtype == torch.bool else flat.zero_()
-        return flat.as_strided(t.shape, t.stride())
-
-
 def _timed(cap: Capture, user_inputs: list[Any], device: str, budget_s: float | None,
            scope: Callable[[torch.fx.Node], str] | None = None) -> list[Task]:
     """The capture's tasks, timed on `user_inputs` when a budget is given (forge.capture.timing)."""
@@ -361,7 +355,7 @@ def blockwise(model: torch.nn.Module, inputs: list[Any], budget_s: float | None 
     repeated blocks, a block called with shared state (a cache), an output tensor that is like none or
     several of its block's inputs, a block not called, a capture that failed. `budget_s` (real inputs
     only): time the glue and each kind of block for about that long each, and give the tasks their times
-    and shares; None: untimed. A kind is timed on tensors like its traced call's (`filled`): in an eager
+    and shares; None: untimed. A kind is timed on tensors like its traced call's (timing.filled): in an eager
     forward the blocks may be called otherwise (transformers passes Qwen 3.5's attention no mask in eager
     and a causal one under export)."""
     start = time.perf_counter()

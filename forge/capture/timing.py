@@ -104,3 +104,17 @@ def time_graph(gm: torch.fx.GraphModule, args: list[Any], device: str, *, warmup
         node_ms = {k: statistics.median(v[-len(runs):]) for k, v in per_node.items()}
         forward = _repeat(one_forward, warmup_s / 2, min_runs, budget_s / 2, max_runs)
     return GraphTimes(node_ms, statistics.median(forward), len(runs), device)
+
+
+def filled(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of `t`'s shape, strides and dtype for timing a block on: standard normal floats, zero integers
+    (valid indices and positions), all-true masks (nothing masked out: no row without a key). Strides that
+    overlap (an expanded mask, stride 0) are kept: the values are written to the storage under them."""
+    size = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) if t.numel() else 0
+    with torch.no_grad():
+        flat = torch.empty(size, dtype=t.dtype, device=t.device)
+        if t.dtype.is_floating_point:
+            flat.normal_()
+        else:
+            flat.fill_(True) if t.dtype == torch.bool else flat.zero_()
+        return flat.as_strided(t.shape, t.stride())

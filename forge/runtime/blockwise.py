@@ -24,9 +24,9 @@ import torch
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
-from forge.capture.blocks import CONSTANTS, Bound, Call, Spec, block_list, signature, spec_of
+from forge.capture.blocks import CONSTANTS, Bound, Call, Spec, block_list, forwards_set, signature, spec_of
 from forge.capture.export import Capture, capture
-from forge.runtime.dispatch import Counters, GraphReplay, KernelArtifact, OptimizedModule, _is_compiling, _sig, apply
+from forge.runtime.dispatch import Counters, GuardedForward, KernelArtifact, OptimizedModule, apply
 
 log = logging.getLogger(__name__)
 
@@ -128,53 +128,23 @@ def _kind(block: torch.nn.Module, call: Call, kernels: list[KernelArtifact], str
     return apply(bound, bound.tensors(), kernels, strict=strict, cap=cap), cap
 
 
-class BlockwiseModule(torch.nn.Module):
-    """The user's model with its blocks running their kinds' patched graphs (module docstring)."""
+class BlockwiseModule(GuardedForward):
+    """The user's model with its blocks running their kinds' patched graphs (module docstring); input checks
+    and CUDA graph replay as GuardedForward's."""
 
     def __init__(self, model: torch.nn.Module, forwards: dict[int, tuple[torch.nn.Module, _BlockForward]],
                  kinds: list[OptimizedModule], inputs: list[Any], cuda_graph: bool) -> None:
-        super().__init__()
-        self.original = model
+        super().__init__(model, inputs, cuda_graph)
         self._forwards, self._kinds = forwards, kinds
-        self._signature = [_sig(x) for x in inputs]
-        self.model_fallbacks = 0
-        self.cuda_graph = cuda_graph and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
-        self.graph_error = ""
-        self._replay: GraphReplay | None = None
 
     @property
     def block_fallbacks(self) -> int:
         """Block calls that ran the block's own forward (a call unlike the recorded one)."""
         return sum(f.fallbacks for _, f in self._forwards.values())
 
-    def forward(self, *inputs: Any) -> Any:
-        if [_sig(x) for x in inputs] != self._signature:
-            self.model_fallbacks += 1
-            return self.original(*inputs)
-        if self.cuda_graph and not _is_compiling():
-            if self._replay is None:
-                try:
-                    self._replay = GraphReplay(self._run, list(inputs))
-                except Exception as e:  # noqa: BLE001 - any capture failure: run without a graph
-                    self.cuda_graph, self.graph_error = False, f"{type(e).__name__}: {e}"[:300]
-                    log.warning("forge: no CUDA graph for this model (%s); running without", self.graph_error)
-                    return self._run(*inputs)
-            return self._replay(*inputs)
-        return self._run(*inputs)
-
     def _run(self, *inputs: Any) -> Any:
-        before = {i: (m, vars(m).get("forward")) for i, (m, _) in self._forwards.items()}
-        for m, f in self._forwards.values():
-            m.forward = f  # an instance attribute: nn.Module.__call__ finds it first, hooks still run
-        try:
-            with torch.no_grad():
-                return self.original(*inputs)
-        finally:
-            for m, was in before.values():
-                if was is None:
-                    del m.forward
-                else:
-                    m.forward = was
+        with forwards_set(list(self._forwards.values())), torch.no_grad():  # hooks still run
+            return self.original(*inputs)
 
     def counters(self) -> dict[str, Counters]:
         """Per task key: hits and fallbacks (by reason), over every block of every kind."""
@@ -206,7 +176,7 @@ def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[st
                 strict: bool, cuda_graph: bool) -> BlockwiseModule:
     """apply_blockwise's module, every kind captured and patched once."""
     by_path = dict(blocks)
-    kinds: dict[str, tuple[OptimizedModule, Capture, list[Any]]] = {}
+    kinds: dict[str, tuple[OptimizedModule, Capture]] = {}
     forwards: dict[int, tuple[torch.nn.Module, _BlockForward]] = {}
     for path, args, kwargs in calls:
         block = by_path[path]
@@ -215,11 +185,10 @@ def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[st
         a, kw = spec_of((args, kwargs))
         call = Call(path, signature(block, a, kw), a, kw)
         if call.signature not in kinds:
-            opt, cap = _kind(block, call, kernels, strict)
-            kinds[call.signature] = (opt, cap, opt._template)
-        opt, cap, first = kinds[call.signature]
+            kinds[call.signature] = _kind(block, call, kernels, strict)
+        opt, cap = kinds[call.signature]
         own = vars(block).get("forward") or block.forward
-        template = _template(cap, block, opt._user_slots, first)
+        template = _template(cap, block, opt._user_slots, opt._template)
         out_spec = cap.exported.call_spec.out_spec
         forwards[id(block)] = (block, _BlockForward(own, opt, template, call, out_spec, cap.user_output_count()))
     log.info("block-wise dispatch: %d blocks, %d kinds", len(forwards), len(kinds))

@@ -247,20 +247,15 @@ class GraphReplay:
         return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.out)
 
 
-class OptimizedModule(torch.nn.Module):
-    """The captured model with guarded kernels; `counters()` reports hits and fallbacks per task key.
+class GuardedForward(torch.nn.Module):
+    """A model's forward specialised to the inputs it was built on: calls with other inputs (shapes, dtypes,
+    devices) run the original model and are counted (`model_fallbacks`); with `cuda_graph` (CUDA only) the
+    first call captures `_run` as a CUDA graph and later calls replay it (GraphReplay), and a forward that
+    cannot be captured goes on without a graph (`graph_error` says why). Subclasses give `_run`."""
 
-    With `cuda_graph` (CUDA only) the first call captures the whole patched forward as a CUDA graph and
-    later calls replay it (GraphReplay): the kernels' guards are checked while capturing, and the
-    captured inputs' shapes, dtypes and devices are checked on every call as without it. If capturing
-    fails, the module goes on without a graph (`graph_error` says why)."""
-
-    def __init__(self, gm: torch.fx.GraphModule, template: list[Any], user_slots: list[int],
-                 kernels: dict[str, GuardedKernel], original: torch.nn.Module, inputs: list[Any],
-                 cuda_graph: bool = False) -> None:
+    def __init__(self, original: torch.nn.Module, inputs: list[Any], cuda_graph: bool) -> None:
         super().__init__()
-        self.gm, self.kernels, self.original = gm, kernels, original
-        self._template, self._user_slots = template, user_slots
+        self.original = original
         self._signature = [_sig(x) for x in inputs]
         self.model_fallbacks = 0  # calls whose inputs differ from the captured ones: the whole model ran eager
         self.cuda_graph = cuda_graph and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
@@ -281,6 +276,24 @@ class OptimizedModule(torch.nn.Module):
                     return self._run(*inputs)
             return self._replay(*inputs)
         return self._run(*inputs)
+
+    def _run(self, *inputs: Any) -> Any:
+        raise NotImplementedError
+
+
+class OptimizedModule(GuardedForward):
+    """The captured model with guarded kernels; `counters()` reports hits and fallbacks per task key.
+
+    With `cuda_graph` the whole patched forward is replayed as a CUDA graph (GuardedForward): the kernels'
+    guards are checked while capturing, and the captured inputs' shapes, dtypes and devices are checked on
+    every call as without it."""
+
+    def __init__(self, gm: torch.fx.GraphModule, template: list[Any], user_slots: list[int],
+                 kernels: dict[str, GuardedKernel], original: torch.nn.Module, inputs: list[Any],
+                 cuda_graph: bool = False) -> None:
+        super().__init__(original, inputs, cuda_graph)
+        self.gm, self.kernels = gm, kernels
+        self._template, self._user_slots = template, user_slots
 
     def _run(self, *inputs: Any) -> Any:
         args = list(self._template)

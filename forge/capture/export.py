@@ -21,6 +21,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
+from forge.capture.libraries import as_eager
 from forge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ def capture(model: torch.nn.Module, inputs: list[Any]) -> Capture:
     """Export `model` on `inputs` (real or meta tensors) to a decomposed ATen graph."""
     start = time.perf_counter()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), as_eager():  # the graph of what eager runs (forge.capture.libraries)
             ep = torch.export.export(model, tuple(inputs), strict=False)
             ep = ep.run_decompositions(decomposition_table())
     except Exception as e:  # torch.export raises many kinds; the user needs the first line

@@ -104,6 +104,40 @@ def test_a_block_with_other_weights_gets_its_own_and_an_unlike_call_falls_back()
     assert all(c.hits == 2 for c in opt.counters().values())  # the patched call ran both blocks' kernels
 
 
+class MaskedBlock(Block):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = super().forward(x)
+        return y if mask is None else y * mask
+
+
+class Twice(Tower):
+    """Each block called twice a forward: without a mask, then with one."""
+
+    def __init__(self) -> None:
+        super().__init__(n=3)
+        self.layers = torch.nn.ModuleList(MaskedBlock(96, i) for i in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, mask = self.inp(x), (x[..., :1] > 0).to(x.dtype)
+        for layer in self.layers:
+            h = layer(layer(h), mask)
+        return self.norm(h)
+
+
+def test_a_block_called_two_ways_runs_a_patched_graph_for_each():
+    torch.manual_seed(5)
+    model, x = Twice().eval(), torch.randn(5, 33, 96)
+    arts = _kernels(model, [x])
+    opt = apply_blockwise(model, [x], arts)
+    assert opt is not None and len(opt._kinds) == 2
+    assert all(len(f.calls) == 2 for _, f in opt._forwards.values())
+    y = torch.randn(5, 33, 96)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(y), model(y))
+    assert opt.block_fallbacks == 0 and set(opt.counters()) == _block_keys(model, [x], arts) != set()
+    assert all(c.hits and not c.fallbacks for c in opt.counters().values())
+
+
 def test_a_model_without_repeated_blocks_is_not_dispatched_block_wise():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
     assert apply_blockwise(model, [torch.randn(2, 8)], []) is None
@@ -165,6 +199,32 @@ def test_on_the_gpu_the_whole_forward_replays_as_one_cuda_graph_with_block_kerne
     torch.testing.assert_close(*outs[0])  # later replays did not overwrite the first call's output
     assert opt.counters() and all(c.hits >= 1 and not c.fallbacks for c in opt.counters().values())
     assert "forward" not in vars(model.layers[0])
+
+
+class MaskWhileCapturing(Twice):
+    """As transformers does with Qwen 3.5's causal mask: one (of ones) passed only while a stream captures."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        mask = torch.ones_like(x[..., :1]) if torch.cuda.is_current_stream_capturing() else None
+        for layer in self.layers:
+            h = layer(h, mask)
+        return self.norm(h)
+
+
+@pytest.mark.cuda
+def test_blocks_called_otherwise_under_cuda_graph_capture_replay_their_kernels():
+    torch.manual_seed(6)
+    model, x = MaskWhileCapturing().cuda().eval(), torch.randn(5, 33, 96, device="cuda")
+    arts = _kernels(model, [x])
+    opt = apply_blockwise(model, [x], arts, cuda_graph=True)
+    assert opt is not None and all(len(f.calls) == 2 for _, f in opt._forwards.values())
+    for _ in range(2):
+        y = torch.randn_like(x)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(y), model(y))
+    assert opt.cuda_graph and opt.block_fallbacks == 0 and opt.model_fallbacks == 0
+    assert opt.counters() and all(c.hits and not c.fallbacks for c in opt.counters().values())
 
 
 @pytest.mark.slow

@@ -7,9 +7,13 @@ parameter shapes, the call's shapes and constants) are one kind. Each kind is ca
 patched graph with its own parameters and buffers, so capture and patching grow with the number of kinds,
 not with depth. A block's forward is replaced only while `BlockwiseModule` runs the model: the user's module
 tree, state dict and hooks stay as they are (a block's hooks fire, since its `__call__` is the same), and
-the glue between blocks runs as the model's own code. A call unlike the recorded one (other shapes, other
-constants) runs the block's own forward and is counted (`BlockwiseModule.block_fallbacks`). With
-`cuda_graph` the whole forward, glue included, is captured once as one CUDA graph and replayed.
+the glue between blocks runs as the model's own code. A block called in two ways (twice in a forward, or
+otherwise while a CUDA graph is captured) has a patched graph for each recorded call; a call unlike every
+recorded one (other shapes, other constants) runs the block's own forward and is counted
+(`BlockwiseModule.block_fallbacks`). With `cuda_graph` the whole forward, glue included, is captured once as
+one CUDA graph and replayed; its calls are recorded from a forward under capture too, since a model may call
+its blocks otherwise then (transformers materialises Qwen 3.5's causal mask while a stream captures, where
+eager passes none).
 
 The glue's kernels (a final norm, the output head) are not applied this way: the glue runs eager.
 """
@@ -31,23 +35,18 @@ from forge.runtime.dispatch import Counters, GuardedForward, KernelArtifact, Opt
 log = logging.getLogger(__name__)
 
 
-class _BlockForward:
-    """One block's forward as its kind's patched graph run on this block's own state."""
+class _Patched:
+    """One recorded call of a block and its kind's patched graph, run on this block's own state."""
 
-    def __init__(self, own: Callable[..., Any], opt: OptimizedModule, template: list[Any], call: Call,
-                 out_spec: pytree.TreeSpec, n_out: int) -> None:
-        self.own, self.gm, self.template, self.slots = own, opt.gm, template, opt._user_slots
+    def __init__(self, opt: OptimizedModule, template: list[Any], call: Call, out_spec: pytree.TreeSpec,
+                 n_out: int) -> None:
+        self.gm, self.template, self.slots = opt.gm, template, opt._user_slots
         leaves, self.spec = pytree.tree_flatten((call.args, call.kwargs))
         self.typed = _typed(leaves)
         self.tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, Spec)]
         self.out_spec, self.n_out = out_spec, n_out
-        self.fallbacks = 0
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        if spec != self.spec or _typed(spec_of(leaves)) != self.typed:
-            self.fallbacks += 1  # not the call the graph was captured for
-            return self.own(*args, **kwargs)
+    def __call__(self, leaves: list[Any]) -> Any:
         flat = list(self.template)
         for slot, i in zip(self.slots, self.tensor_at, strict=True):
             flat[slot] = leaves[i]
@@ -55,15 +54,42 @@ class _BlockForward:
         return pytree.tree_unflatten(list(out)[len(out) - self.n_out:], self.out_spec)
 
 
+class _BlockForward:
+    """One block's forward: the patched graph of the recorded call this call is like, else its own forward."""
+
+    def __init__(self, own: Callable[..., Any]) -> None:
+        self.own, self.fallbacks = own, 0
+        self.calls: list[_Patched] = []
+
+    def knows(self, call: Call) -> bool:
+        """Whether a call like `call` (its structure, types and constants) already has a patched graph."""
+        leaves, spec = pytree.tree_flatten((call.args, call.kwargs))
+        typed = _typed(leaves)
+        return any(p.spec == spec and p.typed == typed for p in self.calls)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        typed = None
+        for p in self.calls:
+            if p.spec == spec:
+                typed = typed or _typed(spec_of(leaves))
+                if p.typed == typed:
+                    return p(leaves)
+        self.fallbacks += 1  # not a call the graphs were captured for
+        return self.own(*args, **kwargs)
+
+
 def _typed(leaves: list[Any]) -> list[tuple[type, Any]]:
     """Leaves with their types: a call with `1` is not the call recorded with `True` or `1.0`."""
     return [(type(x), x) for x in leaves]
 
 
-def _record(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, torch.nn.Module]]
-            ) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]] | None:
+def _record(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, torch.nn.Module]],
+            capturing: bool = False) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]] | None:
     """Every block call of one eager forward (path, args, kwargs); None when a call takes something other
-    than tensors and constants (a cache shared between blocks)."""
+    than tensors and constants (a cache shared between blocks). `capturing`: of a forward captured as a
+    (discarded) CUDA graph, since models call their blocks otherwise then (module docstring); [] when the
+    forward cannot be captured."""
     paths, calls = {id(m): p for p, m in blocks}, []
 
     def hook(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -72,7 +98,15 @@ def _record(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, t
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for _, m in blocks]
     try:
         with torch.no_grad():
-            model(*inputs)
+            if not capturing:
+                model(*inputs)
+            else:
+                try:
+                    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                        model(*inputs)
+                except Exception as e:  # noqa: BLE001 - GuardedForward says why when it captures
+                    log.info("block calls under CUDA graph capture not recorded: %s: %s", type(e).__name__, e)
+                    return []
     finally:
         for h in handles:
             h.remove()
@@ -160,6 +194,8 @@ def apply_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[Ker
     calls = _record(model, inputs, blocks) if blocks else None
     if not calls:
         return None
+    if cuda_graph and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
+        calls += _record(model, inputs, blocks, capturing=True) or []
     try:
         out = _dispatched(model, inputs, blocks, calls, kernels, strict, cuda_graph)
     except NotDispatchable as e:
@@ -180,16 +216,17 @@ def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[st
     forwards: dict[int, tuple[torch.nn.Module, _BlockForward]] = {}
     for path, args, kwargs in calls:
         block = by_path[path]
-        if id(block) in forwards:  # a block called twice: the first call's graph (others fall back)
-            continue
         a, kw = spec_of((args, kwargs))
         call = Call(path, signature(block, a, kw), a, kw)
+        if id(block) not in forwards:
+            forwards[id(block)] = (block, _BlockForward(vars(block).get("forward") or block.forward))
+        fwd = forwards[id(block)][1]
+        if fwd.knows(call):  # called alike twice in a forward, or alike with and without capture
+            continue
         if call.signature not in kinds:
             kinds[call.signature] = _kind(block, call, kernels, strict)
         opt, cap = kinds[call.signature]
-        own = vars(block).get("forward") or block.forward
         template = _template(cap, block, opt._user_slots, opt._template)
-        out_spec = cap.exported.call_spec.out_spec
-        forwards[id(block)] = (block, _BlockForward(own, opt, template, call, out_spec, cap.user_output_count()))
+        fwd.calls.append(_Patched(opt, template, call, cap.exported.call_spec.out_spec, cap.user_output_count()))
     log.info("block-wise dispatch: %d blocks, %d kinds", len(forwards), len(kinds))
     return BlockwiseModule(model, forwards, [k[0] for k in kinds.values()], inputs, cuda_graph)

@@ -201,8 +201,7 @@ def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
     finish = start + budget.seconds * _COMPILE_END if budget.seconds else None
     if cap is None:  # captured block-wise: dispatched block-wise
-        best, tried = choose_blockwise(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor,
-                                       deadline=deadline, finish=finish)
+        best, tried = choose_blockwise(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor)
     else:
         best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor,
                              deadline=deadline, finish=finish, cap=cap)

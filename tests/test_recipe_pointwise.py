@@ -89,3 +89,30 @@ def test_clamps_and_relu_keep_nan_as_torch_does():
     with torch.no_grad():
         (got,) = GuardedKernel(art, strict=True)(x)
     torch.testing.assert_close(got, Clamps()(x), equal_nan=True)
+
+
+def test_hardswish_hardsigmoid_mish_are_captured_whole_and_lowered_as_eager_computes_them():
+    """Decomposed by export, HardSwish alone was five ops (five passes over memory where eager makes one);
+    kept whole, the recipe writes each in eager's arithmetic: NaN stays NaN, large and tiny values saturate
+    as eager's do, and a transposed input is read through its strides."""
+    from forge.evaluate.build import build
+    from forge.runtime.dispatch import GuardedKernel, KernelArtifact
+
+    class Acts(torch.nn.Module):
+        def forward(self, x):
+            f = torch.nn.functional
+            return f.hardswish(x - 0.5) + f.mish(x) * f.hardsigmoid(x * 2)
+
+    x = (torch.randn(37, 29) * 30).t()  # not contiguous, odd sizes
+    x[::5, ::3] = float("nan")
+    x[1, :4] = torch.tensor([0.0, -3.0, 3.0, 1e4])
+    cap = capture(Acts(), [x])
+    ops = {str(n.target) for n in cap.graph_module.graph.nodes if n.op == "call_function"}
+    assert {"aten.hardswish.default", "aten.mish.default", "aten.hardsigmoid.default"} <= ops, ops
+    (task,) = build_tasks(cap.graph_module.graph)
+    built = build(candidate(lower(TaskSpec.of(task)), Knobs()))
+    assert built.ok, built.log[-500:]
+    art = KernelArtifact(task.key, "cpu", built.path, "forge_launch", task.inputs, task.outputs, task.source)
+    with torch.no_grad():
+        (got,) = GuardedKernel(art, strict=True)(x)
+    torch.testing.assert_close(got, Acts()(x), equal_nan=True)

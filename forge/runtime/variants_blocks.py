@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 from forge.runtime.dispatch import KernelArtifact
-from forge.runtime.variants import TRIVIAL, Measured, Variant, first_step, may_compile, measure, time_of
+from forge.runtime.variants import TRIVIAL, Measured, Variant, first_step, measure, time_of
 
 
 def choose_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
-                     compile: bool = True, deadline: float | None = None, finish: float | None = None
-                     ) -> tuple[Measured, list[Measured]]:
+                     compile: bool = True) -> tuple[Measured, list[Measured]]:
     """`choose` for kernels found block-wise (forge.capture.blocks): the kernels dispatched block by block on
     the faster runtime (`first_step`), then the model itself compiled by Inductor on the runtime that choice
-    implies, time permitting. No whole graph is captured, so no rewrites and no kernels inside Inductor."""
+    implies (a first compilation always runs: forge.runtime.variants.may_compile). No whole graph is
+    captured, so no rewrites and no kernels inside Inductor."""
     cuda = device.startswith("cuda")
     tried: list[Measured] = []
 
@@ -28,7 +27,7 @@ def choose_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[Ke
     runtime = "inductor-cuda-graph" if cuda else "inductor"
     if kernels:
         _, runtime = first_step(run, True, cuda, blocks=True)
-    if compile and may_compile(time.monotonic(), 0.0, deadline, finish):
+    if compile:
         run(Variant(False, (), runtime))
     if not tried:
         tried.append(_nothing())

@@ -73,6 +73,7 @@ ACTIVATIONS = {"relu", "relu6", "gelu", "silu", "sigmoid", "tanh", "hardtanh", "
                "leaky_relu", "elu", "selu", "celu", "softplus", "softsign", "mish", "erf", "logsigmoid",
                "threshold", "glu", "prelu", "_prelu_kernel", "rrelu", "tanhshrink", "softshrink",
                "hardshrink", "sigmoid_backward", "clamp", "clamp_min", "clamp_max"}
+UNTAGGED_POINTWISE = {"hardswish"}  # pointwise, but ATen does not tag it so
 LOGIC = {"eq", "ne", "lt", "le", "gt", "ge", "where", "logical_and", "logical_or", "logical_not",
          "logical_xor", "bitwise_and", "bitwise_or", "bitwise_not", "bitwise_xor", "isnan", "isinf",
          "isfinite", "masked_fill", "any", "all", "sign", "signbit"}
@@ -122,7 +123,7 @@ def kind_of(target: Any) -> Kind:
         return Kind.REDUCE
     if name in FACTORIES:
         return Kind.FACTORY
-    if name in CASTS or name in AFFINE_NORMS:
+    if name in CASTS or name in AFFINE_NORMS or name in UNTAGGED_POINTWISE:
         return Kind.POINTWISE
     if name in SHAPE or name in SEQUENCE or name in RESIZE or name in SIGNAL or name in QUANT:
         return Kind.SINGLE

@@ -42,6 +42,10 @@ _UNARY = {
     "logical_not": "({a} == 0.0f ? 1.0f : 0.0f)", "bitwise_not": "({a} == 0.0f ? 1.0f : 0.0f)",
     "floor": "floorf({a})", "ceil": "ceilf({a})", "sign": "(({a} > 0.0f) - ({a} < 0.0f))",
     "exp2": "exp2f({a})", "log2": "log2f({a})", "isnan": "({a} != {a} ? 1.0f : 0.0f)",
+    # kept whole by forge.capture.export (one kernel each in eager), in eager's own arithmetic
+    "hardsigmoid": "(forge_min(forge_max({a} + 3.0f, 0.0f), 6.0f) / 6.0f)",
+    "hardswish": "({a} * forge_min(forge_max({a} + 3.0f, 0.0f), 6.0f) / 6.0f)",
+    "mish": "({a} * forge_tanhf(log1pf(forge_expf({a}))))",
 }
 _BINARY = {"mul": "({a} * {b})", "div": "({a} / {b})", "maximum": "fmaxf({a}, {b})",
            "minimum": "fminf({a}, {b})", "pow": "powf({a}, {b})", "atan2": "atan2f({a}, {b})",

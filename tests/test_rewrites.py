@@ -82,6 +82,39 @@ def test_channels_last_matches_eager_and_keeps_eagers_output_layout(permuted):
         assert got.is_contiguous() == want.is_contiguous() == (not permuted)  # eager's NCHW stays NCHW
 
 
+class ConvGroupNorm(nn.Module):
+    """A convolution read by a GroupNorm (odd channels per group), then a second convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.gn, self.c2 = nn.Conv2d(3, 12, 3, padding=1), nn.GroupNorm(4, 12), nn.Conv2d(12, 5, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(torch.tanh(self.gn(self.c1(x))))
+
+
+def _channels_last_group_norm(device: str) -> None:
+    torch.manual_seed(5)
+    model = ConvGroupNorm().eval().to(device)
+    x = torch.randn(2, 3, 9, 7, device=device)
+    opt, sites = _rewritten(model, [x], ("channels-last",), device=device)
+    assert sites["channels-last"] == 2
+    with torch.no_grad():
+        got, want = opt(x), model(x)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    assert got.is_contiguous()
+
+
+def test_channels_last_gives_group_norm_a_row_major_input():
+    _channels_last_group_norm("cpu")
+
+
+@pytest.mark.cuda
+def test_channels_last_gives_group_norm_a_row_major_input_on_the_gpu():
+    """ATen's CUDA GroupNorm refuses an NHWC input (the CPU one takes it): the case the CPU test cannot fail."""
+    _channels_last_group_norm("cuda")
+
+
 @pytest.mark.parametrize("batch", [(3, 4), (1, 1)])
 def test_merge_linears_matches_eager_with_one_matmul_per_input(batch):
     torch.manual_seed(2)

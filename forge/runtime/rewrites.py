@@ -7,8 +7,8 @@ with outputs matching. The rewrites (REWRITES is the one table of them):
 - `fold-bn`: an eval-mode BatchNorm after a convolution is folded into the convolution's weight and bias
   (w' = w * gamma / sqrt(var + eps), b' = (b - mean) * gamma / sqrt(var + eps) + beta, computed in float32).
 - `channels-last`: 4-d convolution weights in channels-last layout, so that convolutions (cuDNN, oneDNN)
-  run NHWC and their outputs stay NHWC through the ops after them; 4-d graph outputs are made row-major
-  again, as eager returns them.
+  run NHWC and their outputs stay NHWC through the ops after them; 4-d graph outputs, and the inputs of ops
+  whose CUDA kernels take only row-major ones (ROW_MAJOR_INPUT), are made row-major again, as eager has them.
 - `merge-linears`: matmuls that read the same input with constant weights (Q, K and V; gate and up)
   become one matmul on the concatenated weights, sliced afterwards.
 - `gelu-epilogue`, `attention-gemm`: see forge.runtime.rewrite_gemm (GELU in cuBLASLt's epilogue; attention with
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from forge.runtime.rewrite_base import Graph, Rewrite, is_op, only_user, outputs_row_major, same_meta
+from forge.runtime.rewrite_base import Graph, Rewrite, is_op, only_user, outputs_row_major, row_major, same_meta
 from forge.runtime.rewrite_gemm import AttentionGemm, GeluEpilogue
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,17 @@ class ChannelsLast(Rewrite):
             conv.update_arg(1, g.add_const(w.contiguous(memory_format=torch.channels_last), conv, "w_nhwc"))
             sites += 1
         if sites:
+            for n in list(g.graph.nodes):  # what must still read a row-major input gets one
+                if is_op(n, *ROW_MAJOR_INPUT) and isinstance(n.args[0], torch.fx.Node):
+                    n.update_arg(0, g.call(row_major, (n.args[0],), n, like=n.args[0]))
             outputs_row_major(g)
         return sites
+
+
+# ATen ops whose CUDA kernels check that their first input is row-major: `aten.group_norm` makes it so before
+# it calls `native_group_norm`, the captured graph calls `native_group_norm` itself (on the H200 a conv +
+# GroupNorm model's channels-last variant failed "Expected X.is_contiguous(memory_format)")
+ROW_MAJOR_INPUT = (aten.native_group_norm.default,)
 
 
 class MergeLinears(Rewrite):

@@ -60,6 +60,7 @@ class Row:
     compile_error: str = ""
     compile_match: bool | None = None  # False: a torch.compile mode's outputs differ (its speedup still counted)
     forge_own_x: float | None = None  # forge optimize's own final timing (speedup: the baseline process's)
+    profile: dict[str, Any] | None = None  # --profile: eager's, each compile mode's and forge's kernels
 
 
 def vendor_share(tasks: list[dict[str, Any]]) -> float:
@@ -117,7 +118,7 @@ def baseline(path: Path, args: argparse.Namespace, artifact: Path | None) -> dic
     """torch.compile's speedups over eager on `path` and forge's result (the `artifact` folder), measured in
     a process of their own."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--baseline", str(path.resolve()), "--device", args.device,
-           *(["--artifact", str(artifact)] if artifact else [])]
+           *(["--artifact", str(artifact)] if artifact else []), *(["--profile"] if args.profile else [])]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
                               env=_env())
@@ -130,9 +131,10 @@ def baseline(path: Path, args: argparse.Namespace, artifact: Path | None) -> dic
     return json.loads(lines[-1])
 
 
-def time_baseline(path: Path, device: str, artifact: Path | None) -> dict[str, Any]:
+def time_baseline(path: Path, device: str, artifact: Path | None, profile: bool = False) -> dict[str, Any]:
     """In this process: eager, torch.compile (and reduce-overhead on CUDA) and forge's result from `artifact`
-    (when given), all interleaved call by call (forge.runtime.endtoend.alternate), outputs compared."""
+    (when given), all interleaved call by call (forge.runtime.endtoend.alternate), outputs compared; with
+    `profile` (CUDA), each one's device time by kernel (benchmarks/breakdown.py) under "profile"."""
     import statistics
 
     import torch
@@ -168,6 +170,11 @@ def time_baseline(path: Path, device: str, artifact: Path | None) -> dict[str, A
             out["compile_error"] = (f"torch.compile ({mode}): outputs differ from eager (max relative error "
                                     f"{err:.1e}, tolerance {tolerance(_dtype(model)).model:.0e}; against "
                                     f"float64: {_truth_errors(model, fns[key], fresh)})")
+    if profile and device.startswith("cuda"):
+        from breakdown import breakdown  # benchmarks/, on sys.path as the script's folder
+
+        with torch.no_grad():
+            out["profile"] = {k: breakdown(lambda f=fns[k]: f(*inputs), runs=5, top=8) for k in names}
     return out
 
 
@@ -261,13 +268,15 @@ def main() -> int:
     p.add_argument("--screen", action="store_true", help="profile each file first and skip those whose vendor "
                    "share is at least --max-vendor (listed as screened out)")
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--profile", action="store_true", help="CUDA: also each file's device time by kernel for eager, "
+                   "both compile modes and forge (in the rows, not the table)")
     p.add_argument("--keep", type=Path, help="keep each file's forge report, log and store here (default: a "
                    "temporary folder, removed)")
     p.add_argument("--baseline", type=Path, help=argparse.SUPPRESS)  # the torch.compile child process
     p.add_argument("--artifact", type=Path, help=argparse.SUPPRESS)  # its forge result, rebuilt by forge.load
     args = p.parse_args()
     if args.baseline:
-        print(json.dumps(time_baseline(args.baseline, args.device, args.artifact)))
+        print(json.dumps(time_baseline(args.baseline, args.device, args.artifact, args.profile)))
         return 0
     if not args.files:
         p.error("give at least one problem file")

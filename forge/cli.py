@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forge.backends import BACKENDS, NAMES
-from forge.errors import UserError
+from forge.errors import Interrupted, UserError
 
 if TYPE_CHECKING:
     from forge.policy.base import Policy
@@ -156,8 +157,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     """forge optimize: search kernels for every task and measure the model end to end."""
     import json
 
-    from rich.console import Console
-
+    from forge import terminal
     from forge.capture import layout
     from forge.optimize import optimize
     from forge.search.driver import Budget
@@ -182,7 +182,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     budget = Budget(candidates=args.budget, seconds=args.seconds, per_task=max(4, min(args.budget, 16)))
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k) is not None}
     load = {"file": str(Path(args.model).resolve()) if args.model else None, "zoo": args.zoo, "sizes": sizes}
-    console = Console(stderr=True)
+    console = terminal.console(stderr=True)
 
     def progress(key: str, n: int, best: float | None) -> None:
         console.print(f"  {key}: {n} candidates, best {best:.2f}x" if best else f"  {key}: {n} candidates")
@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forge", description="Make PyTorch models faster by searching "
                                      "for better GPU kernels.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("profile", help="capture a model and list its tasks by share of time")
@@ -264,7 +265,29 @@ def build_parser() -> argparse.ArgumentParser:
     from forge.review.commands import register  # runs, tree, show, report, ui
 
     register(sub)
+    for p in sub.choices.values():  # the global options after the subcommand too; each command's defaults shown
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress")
+        p.formatter_class = _Help
     return parser
+
+
+class _Help(argparse.HelpFormatter):
+    """Help that shows an option's default where its text does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"forge {version('forge-kernels')}"
+    except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        return "forge (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -278,6 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         print(f"forge: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # a run that can be continued
+        db = f" --db {shlex.quote(args.db)}" if getattr(args, "db", None) else ""
+        print(f"forge: interrupted; what finished is stored; continue with: forge optimize --resume {e.run_id}{db}",
+              file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print("forge: interrupted", file=sys.stderr)
         return 130

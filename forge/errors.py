@@ -3,3 +3,11 @@
 
 class UserError(Exception):
     """Bad input from the user (a file, an option, a model): one line saying what is wrong and the fix."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run that can be continued: `resume` is what continues it (forge optimize --resume RUN)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id

@@ -12,7 +12,7 @@ from typing import Any
 from forge.capture.export import Capture
 from forge.capture.model_input import LoadedModel
 from forge.capture.profile import Profile, profile_blockwise, profile_model
-from forge.errors import UserError
+from forge.errors import Interrupted, UserError
 from forge.evaluate.evaluator import Evaluator
 from forge.policy.base import Policy
 from forge.policy.recipes.policy import RecipePolicy
@@ -154,12 +154,12 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
             searching = replace(budget, seconds=max(5.0, budget.seconds * _SEARCH_SHARE - (time.monotonic() - start)))
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, progress,
                               resume=bool(resume))
-    except KeyboardInterrupt:
+        return _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, Path(runs_dir), inductor)
+    except KeyboardInterrupt as e:  # in the search or the final timing: every candidate so far is stored
         store.update_run(run.id, state="stopped", note=f"interrupted: forge optimize --resume {run.id}")
-        raise
+        raise Interrupted(run.id) from e
     finally:
         pol.close()
-    return _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, Path(runs_dir), inductor)
 
 
 def _profile(loaded: LoadedModel, stored: RunRecord | None, layout: str | None, blocks: bool

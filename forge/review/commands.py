@@ -22,6 +22,21 @@ def _user_errors() -> Iterator[None]:
         raise UserError(str(e.args[0]) if e.args else str(e)) from e
 
 
+def _write_json(path: str | None, data: Any) -> bool:
+    """`data` as JSON to `path` ("-": standard output, and nothing else is printed); whether it went to stdout."""
+    import json
+    from pathlib import Path
+
+    if not path:
+        return False
+    text = json.dumps(data, indent=1, default=str) + "\n"
+    if path == "-":
+        print(text, end="")
+        return True
+    Path(path).write_text(text, encoding="utf-8")
+    return False
+
+
 def _store(args: argparse.Namespace) -> Any:
     from forge.review.data import open_store
 
@@ -31,16 +46,20 @@ def _store(args: argparse.Namespace) -> Any:
 def cmd_runs(args: argparse.Namespace) -> int:
     """forge runs: the run list."""
     from forge.review.data import list_summaries
+    from forge.review.jsonviews import runs_json
     from forge.review.tree import print_runs
 
     with _user_errors():
-        print_runs(list_summaries(_store(args), limit=args.limit or None))
+        summaries = list_summaries(_store(args), limit=args.limit or None)
+    if not _write_json(args.json, runs_json(summaries)):
+        print_runs(summaries)
     return 0
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
     """forge tree: each task's search tree (or one task's)."""
     from forge.review.data import find_run, find_task, task_view
+    from forge.review.jsonviews import tree_json
     from forge.review.tree import print_trees
 
     with _user_errors():
@@ -48,13 +67,16 @@ def cmd_tree(args: argparse.Namespace) -> int:
         run = find_run(store, args.run)
         tasks = [find_task(store, run.id, args.task)] if args.task else store.get_tasks(run.id)
         views = [task_view(store, t) for t in sorted(tasks, key=lambda t: -(t.share or 0.0))]
-        print_trees([v for v in views if v.nodes or args.task])
+    views = [v for v in views if v.nodes or args.task]
+    if not _write_json(args.json, {"run_id": run.id, "tasks": [tree_json(v, run.state) for v in views]}):
+        print_trees(views)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     """forge show: one node in full."""
     from forge.review.data import find_run, node_detail
+    from forge.review.jsonviews import node_json
     from forge.review.tree import print_node
 
     with _user_errors():
@@ -63,7 +85,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         ref = args.node.lstrip("#")
         if not ref.isdigit():
             raise UserError(f"node must be a number as forge tree shows it (e.g. 42), not {args.node!r}")
-        print_node(node_detail(store, int(ref), run.id))
+        detail = node_detail(store, int(ref), run.id)
+    if not _write_json(args.json, node_json(detail)):
+        print_node(detail)
     return 0
 
 
@@ -106,14 +130,18 @@ def register(sub: Any, db_help: str = "store URL or SQLite path (default runs/fo
         p.set_defaults(func=func)
         return p
 
+    json_help = "also write it as JSON to PATH ('-': standard output, instead of the table)"
     p = add("runs", "list the runs in the store (model, device, policy, speedup, cost, state)", cmd_runs)
+    p.add_argument("--json", metavar="PATH", help=json_help)
     p.add_argument("--limit", type=int, default=0, help="newest N runs only (0: all)")
     p = add("tree", "draw a run's search trees (status, speedup, visits; failed nodes with their reason)", cmd_tree)
     p.add_argument("run", help="run id, a unique prefix of it, or 'last'")
     p.add_argument("--task", metavar="KEY", help="only this task (its key or a unique prefix)")
+    p.add_argument("--json", metavar="PATH", help=json_help)
     p = add("show", "print one node: source, diff, build log, verification, timing, LLM prompt and answer", cmd_show)
     p.add_argument("run", help="run id, a unique prefix of it, or 'last'")
     p.add_argument("node", help="node id (as forge tree shows it, e.g. 42 or #42)")
+    p.add_argument("--json", metavar="PATH", help=json_help)
     p = add("report", "a run's report: end to end, tasks, op families, progress, cost", cmd_report)
     p.add_argument("run", help="run id, a unique prefix of it, or 'last'")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")

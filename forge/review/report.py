@@ -10,13 +10,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from forge import terminal
 from forge.review import html
 from forge.review.data import RunView
+from forge.terminal import Col
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,6 @@ def write_report(view: RunView, html_path: str | Path | None = None, json_path: 
         log.info("wrote %s", json_path)
 
 
-def _short(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
 def sparkline(values: tuple[float | None, ...] | list[float | None]) -> str:
     """Values as a row of block characters (lowest to highest; a space where there is none)."""
     got = [v for v in values if v is not None]
@@ -75,7 +71,7 @@ def sparkline(values: tuple[float | None, ...] | list[float | None]) -> str:
 
 def print_report(view: RunView, console: Console | None = None) -> None:
     """The report in the terminal."""
-    console = console or Console()
+    console = console or terminal.console()
     s, r, c = view.summary, view.run, view.summary.cost
     console.print(Text(f"run {r.id}: {r.model} on {r.device} ({r.dtype}), policy {r.policy}, {r.state}",
                        style="bold"))
@@ -85,24 +81,18 @@ def print_report(view: RunView, console: Console | None = None) -> None:
         if not s.applied:
             line.append(" (forge kept the eager model)")
         console.print(line)
-    table = Table(title="tasks", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("task", "family", "share", "eager us", "best us", "speedup", "tried", "failed", "curve",
-                "stopped"):
-        table.add_column(col, no_wrap=True, min_width={"task": 17, "speedup": 7}.get(col), justify="right" if col in (
-            "share", "eager us", "best us", "speedup", "tried", "failed") else "left")
-    for t in view.tasks:
-        k = t.task
-        table.add_row(Text(k.key), Text(k.family), f"{100 * (k.share or 0):.1f}%", html.fmt_num(t.eager_us, 1),
-                      html.fmt_num(t.best_us, 1), html.fmt_x(t.speedup), str(t.tried), str(t.failed),
-                      sparkline(t.curve), Text(_short(k.stop_reason or k.state, 24)))
+    cols = [Col("task"), Col("family"), *(Col(c, True) for c in ("share", "eager us", "best us", "speedup", "tried",
+                                                                    "failed")), Col("curve"), Col("stopped")]
+    rows = [[Text(t.task.key), Text(t.task.family), f"{100 * (t.task.share or 0):.1f}%", html.fmt_num(t.eager_us, 1),
+             html.fmt_num(t.best_us, 1), html.fmt_x(t.speedup), str(t.tried), str(t.failed), sparkline(t.curve),
+             Text(t.task.stop_reason or t.task.state)] for t in view.tasks]
+    table = terminal.table(cols, rows, console.width, title="tasks")
     console.print(table)
-    fams = Table(title="profiled model time by op family (ms)", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("family", "before", "after", ""):
-        fams.add_column(col, justify="left" if col in ("family", "") else "right")
     top = max((b for _, b, _ in view.families()), default=1.0) or 1.0
-    for f, b, a in view.families():
-        fams.add_row(Text(f), f"{b:.3f}", f"{a:.3f}", Text("█" * round(20 * a / top) + "░" * round(20 * (b - a) / top),
-                                                           style="cyan"))
+    bars = [[Text(f), f"{b:.3f}", f"{a:.3f}", Text("█" * round(20 * a / top) + "░" * round(20 * (b - a) / top),
+                                                   style="cyan")] for f, b, a in view.families()]
+    fams = terminal.table([Col("family"), Col("before", True), Col("after", True), Col("")], bars, console.width,
+                          title="profiled model time by op family (ms)")
     console.print(fams)
     per_usd, per_hour = s.per_dollar(), s.per_device_hour()
     console.print(f"cost: ${c.usd:.4f} ({c.llm_calls} LLM calls, {c.tokens_in:,} tokens in, {c.tokens_out:,} out), "

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.syntax import Syntax
@@ -15,30 +14,28 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from forge import terminal
 from forge.backends import BACKENDS
 from forge.review.data import NodeDetail, NodeView, RunSummary, TaskView
 from forge.review.html import fmt_num, fmt_secs, fmt_x
+from forge.terminal import Col
 
+_STATE_STYLE = {"done": "green", "running": "yellow"}  # any other state (failed, interrupted): red
 LEXERS = {**{name: b.lexer for name, b in BACKENDS.items()}, "eager": "python"}  # eager: the reference
 
 
 def print_runs(summaries: list[RunSummary], console: Console | None = None) -> None:
     """The run list: model, device, policy, speedup, cost, state."""
-    console = console or Console()
+    console = console or terminal.console()
     if not summaries:
         console.print("no runs in this store yet (forge optimize makes one)")
         return
-    table = Table(title=f"{len(summaries)} runs, newest first", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("run", "started", "model", "device", "policy", "speedup", "LLM $", "device s", "wall", "state"):
-        table.add_column(col, no_wrap=True, min_width={"run": 16, "speedup": 7, "state": 7}.get(col),
-                         justify="right" if col in ("speedup", "LLM $", "device s", "wall") else "left")
-    for s in summaries:
-        r = s.run
-        colour = {"done": "green", "running": "yellow"}.get(r.state, "red")
-        model = Text(r.model.rsplit("/", 1)[-1])
-        table.add_row(r.id, f"{r.created_at:%m-%d %H:%M}", model, Text(r.device), Text(r.policy), fmt_x(s.speedup),
-                      f"{s.cost.usd:.2f}", f"{s.cost.device_seconds:.1f}", fmt_secs(s.wall_s),
-                      Text(r.state, style=colour))
+    cols = [Col("run"), Col("started", True), Col("model"), Col("device"), Col("policy"),
+            *(Col(c, True) for c in ("speedup", "LLM $", "device s", "wall")), Col("state")]
+    rows = [[s.run.id, f"{s.run.created_at:%m-%d %H:%M}", Text(s.run.model.rsplit("/", 1)[-1]), Text(s.run.device),
+             Text(s.run.policy), fmt_x(s.speedup), f"{s.cost.usd:.2f}", f"{s.cost.device_seconds:.1f}",
+             fmt_secs(s.wall_s), Text(s.run.state, style=_STATE_STYLE.get(s.run.state, "red"))] for s in summaries]
+    table = terminal.table(cols, rows, console.width, title=f"{len(summaries)} runs, newest first")
     console.print(table)
 
 
@@ -80,14 +77,14 @@ def task_tree(t: TaskView) -> Tree:
 
 def print_trees(tasks: list[TaskView], console: Console | None = None) -> None:
     """Every given task's tree."""
-    console = console or Console()
+    console = console or terminal.console()
     for t in tasks:
         console.print(task_tree(t))
 
 
 def print_node(d: NodeDetail, console: Console | None = None) -> None:
     """One node: facts, source, diff against its parent, build log, verification, timing, LLM text."""
-    console = console or Console()
+    console = console or terminal.console()
     n, e = d.node, d.evaluation
     facts = Table(show_header=False, box=None)
     facts.add_column(style="bold")
@@ -103,12 +100,12 @@ def print_node(d: NodeDetail, console: Console | None = None) -> None:
     for a, b in rows:
         facts.add_row(a, Text(b))
     console.print(Panel(facts, title=f"node #{n.id}", title_align="left"))
-    console.print(Panel(Syntax(n.source or "", LEXERS.get(n.backend, "text"), line_numbers=True), title="source",
-                        title_align="left"))
+    source = Syntax(n.source or "", LEXERS.get(n.backend, "text"), line_numbers=True, word_wrap=True)
+    console.print(Panel(source, title="source", title_align="left"))  # long lines wrap: nothing is cropped
     diff = d.diff()
-    console.print(Panel(Syntax(diff, "diff") if diff else Text("no parent" if d.parent is None else "no change",
-                                                                  style="dim"),
-                        title="diff against parent", title_align="left"))
+    shown = Syntax(diff, "diff", word_wrap=True) if diff else Text("no parent" if d.parent is None else "no change",
+                                                                   style="dim")
+    console.print(Panel(shown, title="diff against parent", title_align="left"))
     if e is None:
         console.print(Text("not evaluated (the eager baseline, or still pending)", style="dim"))
     else:

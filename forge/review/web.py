@@ -20,8 +20,6 @@ from fastapi.staticfiles import StaticFiles
 
 from forge.review import html
 from forge.review.data import (
-    NodeDetail,
-    TaskView,
     find_run,
     list_summaries,
     node_detail,
@@ -29,6 +27,7 @@ from forge.review.data import (
     summarize,
     task_view,
 )
+from forge.review.jsonviews import node_json, runs_json, tree_json
 from forge.review.report import report_json
 from forge.review.svg import esc
 from forge.store import RunRecord, Store, TaskRecord
@@ -38,34 +37,6 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-
-
-def tree_json(t: TaskView, run_state: str) -> dict[str, Any]:
-    """A task's tree for the page script: one entry per node, parents first."""
-    nodes = [{"id": n.cand.id, "parent_id": n.cand.parent_id, "depth": n.depth, "status": n.status,
-              "baseline": n.baseline, "failed": n.failed, "best": n.best, "speedup": n.speedup, "visits": n.visits,
-              "knobs": n.knobs_text(), "reason": n.reason, "origin": n.cand.origin} for n in t.nodes]
-    version = f"{run_state}:{t.task.state}:{len(nodes)}:{t.tried}"
-    return {"task": {"id": t.task.id, "key": t.task.key, "family": t.task.family, "state": t.task.state,
-                     "stop_reason": t.task.stop_reason, "speedup": t.speedup, "tried": t.tried, "failed": t.failed,
-                     "best_node": t.best_id},
-            "run_state": run_state, "version": version, "nodes": nodes}
-
-
-def node_json(d: NodeDetail) -> dict[str, Any]:
-    """A node in full, as JSON."""
-    n = d.node
-    return {"id": n.id, "task_id": n.task_id, "task": d.task.key, "run_id": d.run.id, "parent_id": n.parent_id,
-            "backend": n.backend, "entry": n.entry, "origin": n.origin, "status": n.status, "knobs": n.knobs,
-            "visits": n.visits, "reward": n.reward, "source": n.source, "diff": d.diff(),
-            "evaluations": [{"id": e.id, "status": e.status, "message": e.message, "build_log": e.build_log,
-                             "verify": e.verify, "time_us_median": e.time_us_median,
-                             "time_us_spread": e.time_us_spread, "baseline_us_median": e.baseline_us_median,
-                             "speedup": e.speedup, "device": e.device, "device_seconds": e.device_seconds}
-                            for e in d.evaluations],
-            "llm_calls": [{"id": c.id, "provider": c.provider, "model": c.model, "status": c.status,
-                           "prompt": c.prompt, "response": c.response, "tokens_in": c.tokens_in,
-                           "tokens_out": c.tokens_out, "usd": c.usd, "latency_s": c.latency_s} for c in d.llm_calls]}
 
 
 def _nav(*crumbs: tuple[str, str]) -> str:
@@ -133,11 +104,7 @@ def _add_api_routes(app: FastAPI, store: Store) -> None:
     def api_runs() -> dict[str, Any]:
         runs = store.list_runs()
         version, running = _runs_version(runs)
-        return {"version": version, "running": running, "runs": [
-            {"id": s.run.id, "model": s.run.model, "device": s.run.device, "dtype": s.run.dtype,
-             "policy": s.run.policy, "state": s.run.state, "created_at": s.run.created_at.isoformat(),
-             "eager_ms": s.run.eager_ms, "forge_ms": s.run.forge_ms, "speedup": s.speedup, "wall_seconds": s.wall_s,
-             "usd": s.cost.usd, "device_seconds": s.cost.device_seconds} for s in (summarize(store, r) for r in runs)]}
+        return {"version": version, "running": running, "runs": runs_json([summarize(store, r) for r in runs])}
 
     @app.get("/api/runs/{run_id}")
     def api_run(run_id: str) -> dict[str, Any]:

@@ -7,9 +7,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from forge import terminal
 from forge.capture.profile import Profile
 from forge.kernel import Candidate, EvalResult
 from forge.tasks.cut import Task
+from forge.terminal import Col
 
 
 def _ops_summary(ops: tuple[str, ...], limit: int = 6) -> str:
@@ -24,7 +26,7 @@ def _ops_summary(ops: tuple[str, ...], limit: int = 6) -> str:
 
 def print_profile(prof: Profile, top: int = 25, console: Console | None = None) -> None:
     """Print a profile's tasks as a table, biggest share first."""
-    console = console or Console()
+    console = console or terminal.console()
     timed = prof.total_ms is not None
     title = f"{prof.model} on {prof.device} ({prof.dtype}): {len(prof.tasks)} tasks from {prof.nodes} nodes"
     if timed:
@@ -34,26 +36,20 @@ def print_profile(prof: Profile, top: int = 25, console: Console | None = None) 
     blocks = prof.extra.get("blocks")
     if blocks:  # forge.capture.blocks: nodes counts each distinct block once
         title += f" (block-wise: {sum(blocks.values())} blocks, {len(blocks)} distinct, captured once each)"
-    table = Table(title=title, title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("task", no_wrap=True)
-    table.add_column("family", no_wrap=True)
-    table.add_column("count", justify="right")
+    cols = [Col("#", True), Col("task"), Col("family"), Col("count", True)]
     if timed:
-        table.add_column("ms", justify="right")
-        table.add_column("share", justify="right")
-        table.add_column("cum.", justify="right")
-    table.add_column("first input", no_wrap=True)
-    table.add_column("ops", min_width=16)
-    cum = 0.0
+        cols += [Col("ms", True), Col("share", True), Col("cum.", True)]
+    cols += [Col("first input"), Col("ops")]
+    cum, cells = 0.0, []
     rows = prof.tasks if top <= 0 else prof.tasks[:top]
     for i, t in enumerate(rows, 1):
-        cells = [str(i), t.key, t.family, str(t.count)]
+        row = [str(i), t.key, t.family, str(t.count)]
         if timed:
             cum += t.share or 0.0
-            cells += [f"{t.ms:.3f}", f"{100 * (t.share or 0):.1f}%", f"{100 * cum:.1f}%"]
-        cells += [t.inputs[0].short() if t.inputs else "-", _ops_summary(t.ops)]
-        table.add_row(*cells)
+            row += [f"{t.ms:.3f}", f"{100 * (t.share or 0):.1f}%", f"{100 * cum:.1f}%"]
+        row += [t.inputs[0].short() if t.inputs else "-", _ops_summary(t.ops)]
+        cells.append(row)
+    table = terminal.table(cols, cells, console.width, title=title)
     console.print(table)
     if len(rows) < len(prof.tasks):
         console.print(f"... {len(prof.tasks) - len(rows)} more tasks (--top 0 shows all)")
@@ -61,7 +57,7 @@ def print_profile(prof: Profile, top: int = 25, console: Console | None = None) 
 
 def print_eval(task: Task, cand: Candidate, res: EvalResult, console: Console | None = None) -> None:
     """Print one evaluation as a two-column table."""
-    console = console or Console()
+    console = console or terminal.console()
     ok = res.status.passed
     table = Table(title=f"{cand.backend} kernel for {task.key} ({task.family})", title_justify="left",
                   show_header=False)
@@ -91,17 +87,14 @@ def print_eval(task: Task, cand: Candidate, res: EvalResult, console: Console | 
 
 def print_optimize(report: Any, console: Console | None = None) -> None:
     """Print an optimize report: the tasks and the end-to-end result."""
-    console = console or Console()
-    table = Table(title=f"run {report.run_id} on {report.device} ({report.policy})", title_justify="left")
-    for col in ("task", "family", "share", "eager us", "best us", "speedup", "cand.", "status", "stopped"):
-        table.add_column(col, no_wrap=col in ("task", "family"))
-    for t in report.tasks:
-        if t.status == "skipped":
-            continue
-        table.add_row(t.key, t.family, f"{100 * t.share:.1f}%", f"{t.eager_us:.1f}" if t.eager_us else "-",
-                      f"{t.best_us:.1f}" if t.best_us else "-", f"{t.speedup:.2f}x" if t.speedup else "-",
-                      str(t.candidates), t.status, t.stop_reason if len(t.stop_reason) < 48 else
-                      t.stop_reason[:45] + "...")
+    console = console or terminal.console()
+    cols = [Col("task"), Col("family"), *(Col(c, True) for c in ("share", "eager us", "best us", "speedup",
+                                                                    "cand.")), Col("status"), Col("stopped")]
+    rows = [[t.key, t.family, f"{100 * t.share:.1f}%", f"{t.eager_us:.1f}" if t.eager_us else "-",
+             f"{t.best_us:.1f}" if t.best_us else "-", f"{t.speedup:.2f}x" if t.speedup else "-",
+             str(t.candidates), t.status, t.stop_reason] for t in report.tasks if t.status != "skipped"]
+    table = terminal.table(cols, rows, console.width, title=f"run {report.run_id} on {report.device} "
+                           f"({report.policy})")
     console.print(table)
     colour = "green" if report.outputs_match else "red"
     console.print(f"end to end: eager {report.eager_ms:.3f} ms, forge {report.forge_ms:.3f} ms, "

@@ -1,0 +1,127 @@
+"""Output that fits: every number whole in a narrow terminal and through a pipe; --json, --version, -v anywhere."""
+
+import io
+import json
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+from fcntl import ioctl
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, ROOT
+from rich.console import Console
+
+from forge import terminal
+from forge.cli import main
+from forge.terminal import Col
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def _render(renderable, width: int) -> str:
+    out = io.StringIO()
+    Console(file=out, width=width, force_terminal=True, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+def _cli(*args: str, columns: int | None = None, cwd: Path | None = None, timeout: float = 600) -> tuple[int, str]:
+    """forge with `args` in a real process: stdout a pipe, or (columns) a pseudo-terminal that wide."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("COLUMNS", None)
+    cmd = [sys.executable, "-m", "forge.cli", *args]
+    if columns is None:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+        return proc.returncode, proc.stdout
+    leader, follower = pty.openpty()
+    ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    proc = subprocess.Popen(cmd, stdout=follower, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env,
+                            cwd=cwd)
+    os.close(follower)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([leader], [], [], timeout)
+        if not ready:
+            proc.kill()
+            raise TimeoutError(f"forge {' '.join(args)}: no output for {timeout} s")
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the process is done
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    return proc.wait(timeout=60), ANSI.sub("", b"".join(chunks).decode(errors="replace")).replace("\r", "")
+
+
+def test_a_table_keeps_its_numbers_whole_and_becomes_blocks_when_it_cannot():
+    cols = [Col("task"), Col("share", True), Col("eager us", True), Col("speedup", True), Col("stopped")]
+    rows = [["softmax-3b8333e1e1da-a-long-key", "12.3%", "123456.789", "10.00x",
+             "roofline floor reached after 12 candidates [no markup]"], ["rms-1", "0.1%", "7.5", "1.01x", "budget"]]
+    for width in (80, 60, 30):
+        out = _render(terminal.table(cols, rows, width, title="tasks"), width)
+        assert "…" not in out and all(len(line) <= width for line in out.splitlines())
+        for cell in ("12.3%", "123456.789", "10.00x", "0.1%", "7.5", "1.01x"):
+            assert cell in out, (width, cell)
+        assert "[no" in out  # a cell is text, not rich markup
+    assert "  share: 12.3%" in _render(terminal.table(cols, rows, 30), 30)  # too narrow for columns: blocks
+
+
+def test_piped_output_keeps_every_field(rs, tmp_path):
+    code, out = _cli("report", rs.run_id, "--db", str(rs.db), "--json", str(tmp_path / "r.json"))
+    assert code == 0 and "…" not in out
+    data = json.loads((tmp_path / "r.json").read_text())
+    for t in data["tasks"]:
+        assert t["key"] in out and f"{100 * t['share']:.1f}%" in out
+        assert t["stop_reason"] in out  # whole, however long
+    code, out = _cli("runs", "--db", str(rs.db))
+    assert code == 0 and rs.run_id in out and "rmsnorm_swiglu.py" in out and "…" not in out
+    code, out = _cli("profile", str(EXAMPLES / "rmsnorm_swiglu.py"), "--budget", "1", "--json",
+                     str(tmp_path / "p.json"))
+    prof = json.loads((tmp_path / "p.json").read_text())
+    assert code == 0 and "…" not in out
+    for t in prof["tasks"]:
+        assert t["key"] in out and f"{t['ms']:.3f}" in out and f"{100 * t['share']:.1f}%" in out
+
+
+def test_an_80_column_terminal_shows_every_number_of_optimize_and_its_review(tmp_path):
+    db = tmp_path / "forge.db"
+    code, out = _cli("optimize", str(EXAMPLES / "rmsnorm_swiglu.py"), "--budget", "4", "--seconds", "40", "--db",
+                     str(db), "--json", str(tmp_path / "o.json"), columns=80, cwd=tmp_path)
+    assert code == 0, out
+    rep = json.loads((tmp_path / "o.json").read_text())
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
+    for t in rep["tasks"]:
+        if t["status"] != "skipped":
+            assert f"{100 * t['share']:.1f}%" in out and (t["speedup"] is None or f"{t['speedup']:.2f}x" in out)
+    assert f"{rep['speedup']:.2f}x" in out
+    for args in (("runs",), ("report", rep["run_id"])):
+        code, out = _cli(*args, "--db", str(db), columns=80)
+        assert code == 0 and "…" not in out and max(len(line) for line in out.splitlines()) <= 80, out
+    assert f"{rep['speedup']:.2f}x" in out
+
+
+def test_runs_tree_and_show_write_json(rs, capsys):
+    assert main(["runs", "--db", str(rs.db), "--json", "-"]) == 0
+    runs = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in runs] == [rs.run_id] and runs[0]["speedup"] == pytest.approx(rs.report["speedup"])
+    assert main(["tree", rs.run_id, "--db", str(rs.db), "--json", "-"]) == 0
+    tree = json.loads(capsys.readouterr().out)
+    assert tree["run_id"] == rs.run_id and any(n["id"] == rs.hostile_id for t in tree["tasks"] for n in t["nodes"])
+    assert main(["show", rs.run_id, str(rs.hostile_id), "--db", str(rs.db), "--json", "-"]) == 0
+    node = json.loads(capsys.readouterr().out)
+    assert node["id"] == rs.hostile_id and node["evaluations"][0]["status"] == "build_error"
+
+
+def test_version_verbose_after_the_subcommand_and_defaults_in_help(rs, capsys):
+    code, out = _cli("--version")
+    assert code == 0 and re.fullmatch(r"forge \S+\n", out)
+    assert main(["runs", "--db", str(rs.db), "-v"]) == 0  # the global option after the subcommand
+    code, out = _cli("optimize", "--help")
+    assert code == 0 and "(default: fp32)" in out and "(default: recipes)" not in out  # its text says it already

@@ -109,8 +109,7 @@ def run_one(path: Path, args: argparse.Namespace, work: Path) -> Row:
     if not args.compile:
         return row
     pair = baseline(path, args, (work / r["artifact"]).resolve() if r["applied"] else None)
-    if pair.pop("forge_match", None) is False:
-        pair["compile_error"] = "forge's result rebuilt by forge.load: outputs differ from eager"
+    pair.pop("forge_match", None)  # the error text says it
     return replace(row, **pair, forge_own_x=row.speedup)
 
 
@@ -139,19 +138,14 @@ def time_baseline(path: Path, device: str, artifact: Path | None, profile: bool 
 
     import torch
 
-    import forge
     from forge.capture.model_input import load_file
     from forge.runtime.endtoend import alternate, fresh_inputs, outputs_match
-    from forge.tolerance import tolerance
+    from forge.tolerance import model_tolerance, tf32_convolutions
 
     loaded = load_file(path, device)
     model, inputs = loaded.model, loaded.inputs
-    fns = {"eager": model}
-    for key, mode in [("compile_x", None)] + ([("compile_ro_x", "reduce-overhead")] if device.startswith("cuda")
-                                               else []):
-        fns[key] = torch.compile(model, mode=mode)
-    if artifact is not None:
-        fns["forge_x"] = forge.load(artifact, model, inputs)
+    tol = model_tolerance(_dtype(model), tf32_convolutions(model))
+    fns, errors = _built(model, inputs, device, artifact)
     names = list(fns)
     samples = dict(zip(names, alternate([lambda f=fns[k]: f(*inputs) for k in names], device), strict=True))
     eager_ms = statistics.median(samples["eager"])
@@ -160,22 +154,50 @@ def time_baseline(path: Path, device: str, artifact: Path | None, profile: bool 
     for key in names[1:]:
         match, err = outputs_match(model, fns[key], fresh)
         ms = statistics.median(samples[key])
+        what = _WHAT[key]
+        if not match:
+            errors.append(f"{what}: outputs differ from eager (max relative error {err:.1e}, tolerance {tol:.0e}; "
+                          f"against float64: {_truth_errors(model, fns[key], fresh)})")
         if key == "forge_x":
             out.update(forge_ms=ms, speedup=eager_ms / ms, outputs_match=match, forge_match=match)
             continue
         out[key] = eager_ms / ms  # counted even where its outputs differ: a torch.compile user gets them
         out["compile_match"] = out.get("compile_match", True) and match
-        if not match:
-            mode = "reduce-overhead" if key == "compile_ro_x" else "default"
-            out["compile_error"] = (f"torch.compile ({mode}): outputs differ from eager (max relative error "
-                                    f"{err:.1e}, tolerance {tolerance(_dtype(model)).model:.0e}; against "
-                                    f"float64: {_truth_errors(model, fns[key], fresh)})")
+    if errors:
+        out["compile_error"] = "; ".join(errors)
     if profile and device.startswith("cuda"):
         from breakdown import breakdown  # benchmarks/, on sys.path as the script's folder
 
         with torch.no_grad():
             out["profile"] = {k: breakdown(lambda f=fns[k]: f(*inputs), runs=5, top=8) for k in names}
     return out
+
+
+_WHAT = {"compile_x": "torch.compile (default)", "compile_ro_x": "torch.compile (reduce-overhead)",
+         "forge_x": "forge's result rebuilt by forge.load"}
+
+
+def _built(model: Any, inputs: list[Any], device: str, artifact: Path | None) -> tuple[dict[str, Any], list[str]]:
+    """Eager, each torch.compile mode and forge's result, each run once; those that fail are left out and said
+    (one that fails does not take the others' columns with it)."""
+    import torch
+
+    import forge
+
+    makers = {"compile_x": lambda: torch.compile(model), "compile_ro_x": lambda: torch.compile(
+        model, mode="reduce-overhead"), "forge_x": lambda: forge.load(artifact, model, inputs)}
+    keys = ["compile_x"] + (["compile_ro_x"] if device.startswith("cuda") else []) + (["forge_x"] if artifact else [])
+    fns: dict[str, Any] = {"eager": model}
+    errors: list[str] = []
+    for key in keys:
+        try:
+            fn = makers[key]()
+            with torch.no_grad():
+                fn(*inputs)
+            fns[key] = fn
+        except Exception as e:  # noqa: BLE001 - a row says what failed and keeps the other columns
+            errors.append(f"{_WHAT[key]} failed: {type(e).__name__}: {str(e)[:120]}")
+    return fns, errors
 
 
 def _truth_errors(model: Any, fn: Any, inputs: list[Any]) -> str:
@@ -198,8 +220,7 @@ def _truth_errors(model: Any, fn: Any, inputs: list[Any]) -> str:
         except Exception as e:  # noqa: BLE001 - a model that cannot run in float64
             return f"not run ({type(e).__name__})"
         eager, got = compare(exact, widen(model(*inputs)))[1], compare(exact, widen(fn(*inputs)))[1]
-    tf32 = torch.backends.cudnn.allow_tf32 and torch.cuda.is_available()
-    return f"eager {eager:.1e}, torch.compile {got:.1e}{', cuDNN TF32 on' if tf32 else ''}"
+    return f"eager {eager:.1e}, torch.compile {got:.1e}"
 
 
 def _dtype(model: Any) -> Any:
@@ -241,6 +262,9 @@ def print_table(rows: list[Row], max_vendor: float) -> None:
     if differ:
         print(f"\ntorch.compile's outputs differ from eager's on {len(differ)} (its speedups counted): "
               + ", ".join(differ))
+    wrong = [r.file for r in rows if r.outputs_match is False]
+    if wrong:
+        print(f"\nforge's outputs differ from eager's on {len(wrong)} (a bug): " + ", ".join(wrong))
     if fusion:
         best = [max(r.compile_x, r.compile_ro_x or 0.0) for r in fusion]
         print(f"\nover the {len(fusion)} files with vendor share below {max_vendor:.0%}: geomean speedup over "

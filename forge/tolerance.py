@@ -6,7 +6,8 @@ keeps tiny outputs from passing as zeros and large ones from failing on rounding
 
 Tolerances per dtype: `kernel`, one region against its reference in higher precision (forge.evaluate.verify; above
 it, up to `low_precision`, an error looks like arithmetic in a lower precision than asked), and `model`, a
-whole forward against eager's (forge.runtime.endtoend: many regions' rounding adds up, and eager is not exact).
+whole forward against eager's (forge.runtime.endtoend: many regions' rounding adds up, and eager is not exact;
+float16's for a float32 forward whose convolutions the user's settings let cuDNN run in TF32: model_tolerance).
 """
 
 from __future__ import annotations
@@ -33,6 +34,28 @@ DEFAULT = TOLERANCES["float32"]  # for a dtype without a row of its own
 def tolerance(dtype: str | torch.dtype) -> Tolerance:
     """The row of a dtype (its name, or the torch dtype)."""
     return TOLERANCES.get(str(dtype).removeprefix("torch."), DEFAULT)
+
+
+def model_tolerance(dtype: str | torch.dtype, tf32: bool = False) -> float:
+    """A whole forward's allowed error against eager's: the dtype's `model`, or, for a float32 forward whose
+    convolutions cuDNN may run in TF32 (`tf32`, see tf32_convolutions), float16's: TF32 keeps float16's
+    10-bit mantissa. The layout decides whether cuDNN does: on the H200, KernelBench level 2's conv + sigmoid +
+    GroupNorm ran eager's NCHW convolution in float32 (error 2e-6 against float64) and torch.compile's NHWC one
+    in TF32 (2.3e-3, the GroupNorm amplifying it), both under PyTorch's default settings."""
+    row = tolerance(dtype)
+    if tf32 and str(dtype).removeprefix("torch.") == "float32":
+        return max(row.model, TOLERANCES["float16"].model)
+    return row.model
+
+
+def tf32_convolutions(model: torch.nn.Module) -> bool:
+    """Whether the user's settings let cuDNN run this model's convolutions in TF32: a convolution module on a
+    CUDA device and `torch.backends.cudnn.allow_tf32` (PyTorch's default: True). Convolutions called as
+    functions are not seen: such a model keeps the float32 tolerance."""
+    if not torch.backends.cudnn.allow_tf32:
+        return False
+    return any(isinstance(m, torch.nn.modules.conv._ConvNd) and any(p.is_cuda for p in m.parameters())
+               for m in model.modules())
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> float:

@@ -198,7 +198,8 @@ def choose(cap: Capture, inputs: list[Any], device: str) -> str:
         plain_args, cl_args = cap.flat_args(inputs), cl.flat_args(inputs)
         row_gm, cl_gm = without_norms(cap.graph_module), without_norms(cl.graph_module)
         with torch.no_grad():
-            ok, err = compare(cap.graph_module(*plain_args), cl.graph_module(*cl_args))
+            tf32 = device.startswith("cuda") and torch.backends.cudnn.allow_tf32  # forge.tolerance.model_tolerance
+            ok, err = compare(cap.graph_module(*plain_args), cl.graph_module(*cl_args), tf32)
             row_ms, cl_ms = interleaved_ms(lambda: row_gm(*plain_args), lambda: cl_gm(*cl_args),
                                            device, runs=9, warmup=2)
     except Exception as e:  # noqa: BLE001 - a layout that cannot run is not chosen, the capture stays as it is

@@ -6,7 +6,8 @@ not counted), medians of each. Blocks on the CPU because code compiled by Induct
 of its own beside ATen's, and a pool that has just worked keeps its threads spinning: call by call, each
 side ran in the other's wake (a compiled RMSNorm measured 0.37 ms in blocks and 0.57 ms call by call,
 on 2 cores). Outputs: both run on fresh inputs (a new seed of the model's own input generator) and are
-compared with the dtype's tolerance for a model (forge.tolerance), relative to the magnitude of eager's
+compared with the dtype's tolerance for a model (forge.tolerance.model_tolerance: float16's for a float32
+model whose convolutions the user's settings let cuDNN run in TF32), relative to the magnitude of eager's
 output. When that fails, eager may be the inaccurate one (an output that is
 all rounding noise, such as a GroupNorm over one-element groups): both are then judged against the model
 run in float64, and forge matches if it is at most twice as far from it as eager is.
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from forge.bench import time_call_us
-from forge.tolerance import rel_error, tolerance
+from forge.tolerance import model_tolerance, rel_error, tf32_convolutions
 
 
 def _time_once(fn: Callable[[], Any], cuda: bool) -> float:
@@ -56,8 +57,9 @@ def interleaved_ms(eager: Callable[[], Any], optimized: Callable[[], Any], devic
     return statistics.median(a), statistics.median(b)
 
 
-def compare(expected: Any, got: Any) -> tuple[bool, float]:
-    """(match, max relative error) of two outputs (tensors or tuples of them)."""
+def compare(expected: Any, got: Any, tf32: bool = False) -> tuple[bool, float]:
+    """(match, max relative error) of two outputs (tensors or tuples of them); `tf32`: convolutions may run in
+    TF32 (forge.tolerance.model_tolerance)."""
     exp = expected if isinstance(expected, (tuple, list)) else (expected,)
     out = got if isinstance(got, (tuple, list)) else (got,)
     if len(exp) != len(out):
@@ -74,7 +76,7 @@ def compare(expected: Any, got: Any) -> tuple[bool, float]:
             continue
         err = rel_error(o.double(), e.double())
         worst = max(worst, err)
-        ok &= err <= tolerance(e.dtype).model and bool((torch.isfinite(o) == torch.isfinite(e)).all())
+        ok &= err <= model_tolerance(e.dtype, tf32) and bool((torch.isfinite(o) == torch.isfinite(e)).all())
     return ok, worst
 
 
@@ -85,17 +87,18 @@ def fresh_inputs(inputs: list[Any]) -> list[Any]:
 
 def outputs_match(model: torch.nn.Module, optimized: Callable[..., Any], inputs: list[Any]) -> tuple[bool, float]:
     """(match, max relative error against eager) of the optimized model on `inputs`; see the module docstring."""
+    tf32 = tf32_convolutions(model)
     with torch.no_grad():
         expected, got = model(*inputs), optimized(*inputs)
-        ok, err = compare(expected, got)
+        ok, err = compare(expected, got, tf32)
         if ok:
             return ok, err
         try:  # the float64 truth, for when eager itself is mostly rounding error
             exact = copy.deepcopy(model).double()(*[_double(x) for x in inputs])
         except Exception:  # a model that cannot run in float64: eager is the reference
             return ok, err
-        _, err_eager = compare(_double(exact), _double(expected))
-        good, err_forge = compare(_double(exact), _double(got))
+        _, err_eager = compare(_double(exact), _double(expected), tf32)
+        good, err_forge = compare(_double(exact), _double(got), tf32)
     return good or err_forge <= 2 * err_eager, err  # within a factor 2 of eager's own rounding error
 
 

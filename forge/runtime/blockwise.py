@@ -30,7 +30,8 @@ from torch.utils import _pytree as pytree
 
 from forge.capture.blocks import CONSTANTS, Bound, Call, Spec, block_list, forwards_set, signature, spec_of
 from forge.capture.export import Capture, capture
-from forge.runtime.dispatch import Counters, GuardedForward, KernelArtifact, OptimizedModule, apply
+from forge.errors import UserError
+from forge.runtime.dispatch import Counters, GuardedForward, KernelArtifact, OptimizedModule, apply, same_stream
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ def _record(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, t
                 model(*inputs)
             else:
                 try:
-                    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                    with same_stream(), torch.cuda.graph(torch.cuda.CUDAGraph()):
                         model(*inputs)
                 except Exception as e:  # noqa: BLE001 - GuardedForward says why when it captures
                     log.info("block calls under CUDA graph capture not recorded: %s: %s", type(e).__name__, e)
@@ -194,10 +195,11 @@ def apply_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[Ker
     calls = _record(model, inputs, blocks) if blocks else None
     if not calls:
         return None
+    captured = []  # calls seen only under capture: one that cannot be patched falls back (counted), no more
     if cuda_graph and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
-        calls += _record(model, inputs, blocks, capturing=True) or []
+        captured = _record(model, inputs, blocks, capturing=True) or []
     try:
-        out = _dispatched(model, inputs, blocks, calls, kernels, strict, cuda_graph)
+        out = _dispatched(model, inputs, blocks, calls + captured, kernels, strict, cuda_graph, len(calls))
     except NotDispatchable as e:
         log.info("block-wise dispatch does not apply: %s", e)
         return None
@@ -209,12 +211,13 @@ def apply_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[Ker
 
 def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, torch.nn.Module]],
                 calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]], kernels: list[KernelArtifact],
-                strict: bool, cuda_graph: bool) -> BlockwiseModule:
-    """apply_blockwise's module, every kind captured and patched once."""
+                strict: bool, cuda_graph: bool, required: int | None = None) -> BlockwiseModule:
+    """apply_blockwise's module, every kind captured and patched once. Calls after the first `required`
+    (default: all required) are patched where they can be and otherwise left to fall back."""
     by_path = dict(blocks)
     kinds: dict[str, tuple[OptimizedModule, Capture]] = {}
     forwards: dict[int, tuple[torch.nn.Module, _BlockForward]] = {}
-    for path, args, kwargs in calls:
+    for i, (path, args, kwargs) in enumerate(calls):
         block = by_path[path]
         a, kw = spec_of((args, kwargs))
         call = Call(path, signature(block, a, kw), a, kw)
@@ -223,10 +226,16 @@ def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[st
         fwd = forwards[id(block)][1]
         if fwd.knows(call):  # called alike twice in a forward, or alike with and without capture
             continue
-        if call.signature not in kinds:
-            kinds[call.signature] = _kind(block, call, kernels, strict)
-        opt, cap = kinds[call.signature]
-        template = _template(cap, block, opt._user_slots, opt._template)
+        try:
+            if call.signature not in kinds:
+                kinds[call.signature] = _kind(block, call, kernels, strict)
+            opt, cap = kinds[call.signature]
+            template = _template(cap, block, opt._user_slots, opt._template)
+        except (NotDispatchable, UserError) as e:
+            if required is None or i < required:
+                raise
+            log.info("a call of %s seen only under CUDA graph capture falls back to eager: %s", path, e)
+            continue
         fwd.calls.append(_Patched(opt, template, call, cap.exported.call_spec.out_spec, cap.user_output_count()))
     log.info("block-wise dispatch: %d blocks, %d kinds", len(forwards), len(kinds))
     return BlockwiseModule(model, forwards, [k[0] for k in kinds.values()], inputs, cuda_graph)

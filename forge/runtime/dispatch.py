@@ -13,7 +13,8 @@ import heapq
 import logging
 import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -221,6 +222,17 @@ def _stable_toposort(graph: torch.fx.Graph) -> torch.fx.Graph:
     return new
 
 
+@contextmanager
+def same_stream() -> Iterator[None]:
+    """The current CUDA stream as it was on the way in, also when a capture inside fails: torch.cuda.graph's
+    exit raises from capture_end() before it leaves its side stream, and what ran next ran on that one."""
+    before = torch.cuda.current_stream()
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(before)
+
+
 class GraphReplay:
     """A forward captured once as a CUDA graph and then replayed: no per-operator CPU work at all. Each
     call copies its inputs into the captured input buffers and returns clones of the captured outputs
@@ -236,7 +248,7 @@ class GraphReplay:
                 fn(*self.static)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(self.graph):
+        with same_stream(), torch.no_grad(), torch.cuda.graph(self.graph):
             self.out = fn(*self.static)
 
     def __call__(self, *inputs: Any) -> Any:

@@ -247,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=int, default=400, help="candidates over all tasks, at most (default 400: a cap; "
                    "--seconds is what ends a run)")
     p.add_argument("--seconds", type=float, default=300.0, help="wall time of the whole run: capture, search, "
-                   "rewrites and the final timing (default 300)")
+                   "rewrites and the final timing; the first Inductor compilation starts even when it is spent, so "
+                   "that the result is never behind torch.compile for want of time (default 300)")
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure the result compiled by torch.compile and keep it when faster (default on)")
     p.add_argument("--layout", choices=("auto", "row-major", "channels-last"), default="auto",  # layout.CHOICES

@@ -342,8 +342,8 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     """The fastest variant measured (greedy, see the module docstring) and every measurement made.
 
     `rewrites`: the rewrites to try (default: every one in forge.runtime.rewrites.REWRITES that applies to the
-    device); `deadline` (time.monotonic()): no Inductor compilation is started after it; `finish`: nor one
-    that would end after it, judged by the last compilation's time. `cap`: the model's capture on `inputs`
+    device); `deadline` (time.monotonic()): no Inductor compilation but the first is started after it; `finish`: nor
+    one that would end after it, judged by the last compilation's time (may_compile). `cap`: the model's capture on `inputs`
     (in the layout its kernels were found for, forge.capture.layout), when the caller has it.
     """
     cuda = device.startswith("cuda")

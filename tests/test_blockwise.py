@@ -48,7 +48,7 @@ def _kernels(model: torch.nn.Module, inputs: list[torch.Tensor], blocks: dict[st
     proposes for), built with the real compiler."""
     bw = blockwise(model, inputs)
     assert bw is not None and bw.blocks == (blocks or {"layers.0": len(model.layers)})
-    pol, arts = RecipePolicy(), []
+    pol, arts = RecipePolicy(inputs[0].device.type), []  # CUDA kernels for a model on the GPU
     for t in bw.tasks:
         if len(arts) >= limit:
             break

@@ -1,6 +1,9 @@
 """forge: make PyTorch models faster by searching for better kernels.
 
 Public API (imports are lazy, so `import forge` stays light):
+- `forge.optimize(model, example_inputs, seconds=300, ...)`: the main job (`forge optimize`) on a model in hand;
+  returns (the model you get, the report): forge's result rebuilt from the run's artifact, or `model` itself
+  where nothing forge measured was faster;
 - `forge.apply(model, inputs, kernels, strict=False)`: the model with guarded kernels (forge.runtime.dispatch);
 - `forge.load(path, model, inputs, strict=False, verify=False)`: the same from a run's artifact folder
   (forge.runtime.artifact); kernels tuned on another device model are used only with `verify=True`, after they
@@ -9,7 +12,36 @@ Public API (imports are lazy, so `import forge` stays light):
 
 from typing import Any
 
-__all__ = ["apply", "load"]
+__all__ = ["apply", "load", "optimize"]
+
+_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
+def optimize(model: Any, example_inputs: list[Any], *, seconds: float = 300.0, budget: int = 400,
+             policy: str = "recipes", db: Any = None, runs_dir: Any = "runs", eval: bool = True) -> tuple[Any, Any]:
+    """Search kernels for `model` on `example_inputs` and measure it end to end, as `forge optimize` does: every
+    candidate is stored in `db` (default runs/forge.db) and the artifact written under `runs_dir`. The device is
+    the inputs'; `eval`: put the model in inference mode first (what `forge optimize` does to a file's model).
+    Returns (the optimized module, or `model` where forge kept eager; the OptimizeReport)."""
+    import torch
+
+    from forge.capture.model_input import LoadedModel, check_device
+    from forge.optimize import optimize as _optimize
+    from forge.search.driver import Budget
+    from forge.store import Store
+
+    inputs = list(example_inputs)
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    device = str(tensors[0].device) if tensors else "cpu"
+    check_device(device)
+    first = next((q for q in model.parameters() if q.is_floating_point()), None)
+    dtype = _DTYPES.get(str(first.dtype) if first is not None else "torch.float32", "fp32")
+    if eval:
+        model.eval()
+    loaded = LoadedModel(type(model).__name__, model, inputs, device, dtype)
+    report = _optimize(loaded, Store(db), policy=policy, runs_dir=runs_dir,
+                       budget=Budget(candidates=budget, seconds=seconds, per_task=max(4, min(budget, 16))))
+    return (load(report.artifact, model, inputs) if report.applied else model), report
 
 
 def apply(model: Any, inputs: list[Any], kernels: list[Any], strict: bool = False) -> Any:

@@ -38,7 +38,7 @@ from provenance import stamp  # noqa: E402
 import forge  # noqa: E402
 from forge.capture import layout, zoo  # noqa: E402
 from forge.capture.model_input import load_zoo  # noqa: E402
-from forge.optimize import optimize  # noqa: E402
+from forge.job import optimize  # noqa: E402
 from forge.runtime.endtoend import alternate, fresh_inputs, outputs_match  # noqa: E402
 from forge.search.driver import Budget  # noqa: E402
 from forge.store import Store  # noqa: E402

@@ -26,7 +26,7 @@ def optimize(model: Any, example_inputs: list[Any], *, seconds: float = 300.0, b
     import torch
 
     from forge.capture.model_input import LoadedModel, check_device
-    from forge.optimize import optimize as _optimize
+    from forge.job import optimize as _optimize
     from forge.search.driver import Budget
     from forge.store import Store
 

@@ -138,7 +138,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _policy(args: argparse.Namespace, store: Store, device: str) -> Policy:
     """--policy with --max-usd, --replay and --prices; the key is checked here, before any search."""
-    from forge.optimize import make_policy
+    from forge.job import make_policy
 
     if args.replay and args.policy == "recipes":  # replay the run's own LLM policy
         try:
@@ -159,14 +159,14 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     from forge import terminal
     from forge.capture import layout
-    from forge.optimize import optimize
+    from forge.job import optimize
     from forge.search.driver import Budget
     from forge.store import Store
     from forge.tasks.render import print_optimize
 
     store = Store(args.db)
     if args.resume:  # the run's own model (unless one is given: it must match), device, dtype and budget
-        from forge.optimize import resumable
+        from forge.job import resumable
 
         run = resumable(store, args.resume)
         load = run.config.get("load", {})

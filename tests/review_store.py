@@ -40,7 +40,7 @@ class ReviewStore:
 def review_store(folder: Path) -> ReviewStore:
     """Run the small search into folder/forge.db and add the hostile node (conftest builds it once a session)."""
     from forge.capture.model_input import load_file
-    from forge.optimize import optimize
+    from forge.job import optimize
     from forge.search.driver import Budget
     from forge.store import Store
 

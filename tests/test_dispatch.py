@@ -235,3 +235,18 @@ def test_a_variant_without_some_kernels_runs_the_rest(swiglu):
     with torch.no_grad():
         torch.testing.assert_close(fn(x), loaded.model(x))
     assert set(opt.counters()) == {a.key for a in arts} - {dropped}
+
+
+@pytest.mark.parametrize("make", [lambda x: (torch.nn.functional.silu(x) * 2,), lambda x: {"a": x * 2, "b": x.sum()},
+                                  lambda x: x * 3], ids=["1-tuple", "dict", "tensor"])
+def test_the_optimized_model_returns_what_the_model_returns(make):
+    """A 1-tuple stays a 1-tuple and a dict a dict (the 1-tuple came back as its tensor: Dynamo's graphs return
+    1-tuples)."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return make(x)
+
+    x = torch.randn(3, 5)
+    got, want = apply(M(), [x], [])(x), M()(x)
+    assert torch.utils._pytree.tree_structure(got) == torch.utils._pytree.tree_structure(want)
+    torch.testing.assert_close(got, want)

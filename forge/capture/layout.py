@@ -69,7 +69,7 @@ def capture_in(model: torch.nn.Module, inputs: list[Any], layout: str = "") -> C
 
 
 def requested(choice: str) -> str | None:
-    """The layout argument forge.optimize takes for a user's choice (CHOICES): None for "auto" (measured), ""
+    """The layout argument forge.job.optimize takes for a user's choice (CHOICES): None for "auto" (measured), ""
     for "row-major" (the capture as it is)."""
     return {"auto": None, "row-major": ""}.get(choice, choice)
 

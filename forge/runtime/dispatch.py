@@ -302,10 +302,11 @@ class OptimizedModule(GuardedForward):
 
     def __init__(self, gm: torch.fx.GraphModule, template: list[Any], user_slots: list[int],
                  kernels: dict[str, GuardedKernel], original: torch.nn.Module, inputs: list[Any],
-                 cuda_graph: bool = False) -> None:
+                 cuda_graph: bool = False, out_spec: pytree.TreeSpec | None = None) -> None:
         super().__init__(original, inputs, cuda_graph)
         self.gm, self.kernels = gm, kernels
         self._template, self._user_slots = template, user_slots
+        self._out_spec = out_spec  # the structure the model returns (its export's), when known
 
     def _run(self, *inputs: Any) -> Any:
         args = list(self._template)
@@ -313,6 +314,9 @@ class OptimizedModule(GuardedForward):
             args[slot] = x
         with torch.no_grad():
             out = self.gm(*args)
+        flat = list(out) if isinstance(out, (tuple, list)) else [out]
+        if self._out_spec is not None and self._out_spec.num_leaves == len(flat):
+            return pytree.tree_unflatten(flat, self._out_spec)  # a 1-tuple stays a 1-tuple, a dict a dict
         return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
 
     def counters(self) -> dict[str, Counters]:
@@ -362,7 +366,8 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     marks = [object() for _ in inputs]
     template = cap.flat_args(marks)
     slots = [next(i for i, a in enumerate(template) if a is m) for m in marks]
-    return OptimizedModule(patched, template, slots, guarded, model, inputs, cuda_graph=cuda_graph)
+    return OptimizedModule(patched, template, slots, guarded, model, inputs, cuda_graph=cuda_graph,
+                           out_spec=cap.exported.call_spec.out_spec)
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -45,7 +45,7 @@ class Budget:
     candidates: int = 400  # over all tasks: a cap; the wall time is what ends a run by default
     per_task: int = 16
     min_per_task: int = 4  # the probe: every searched task's first candidates (measure eager time and floor)
-    seconds: float = 300.0  # wall time of the search (forge optimize: of the whole run, see forge.optimize)
+    seconds: float = 300.0  # wall time of the search (forge optimize: of the whole run, see forge.job)
     patience: int = 8  # candidates without improvement before a task stops
     parallel: int = 4  # candidates selected (and built) at once
     min_share: float = 0.01  # tasks below this share of model time are not searched

@@ -82,6 +82,9 @@ def test_piped_output_keeps_every_field(rs, tmp_path):
         assert t["stop_reason"] in out  # whole, however long
     code, out = _cli("runs", "--db", str(rs.db))
     assert code == 0 and rs.run_id in out and "rmsnorm_swiglu.py" in out and "…" not in out
+    code, out = _cli("show", rs.run_id, str(rs.hostile_id), "--db", str(rs.db))
+    assert code == 0 and "diff against parent" in out and "…" not in out
+    assert max(len(line) for line in out.splitlines()) < 400  # panels as wide as their text, not the stream
     code, out = _cli("profile", str(EXAMPLES / "rmsnorm_swiglu.py"), "--budget", "1", "--json",
                      str(tmp_path / "p.json"))
     prof = json.loads((tmp_path / "p.json").read_text())

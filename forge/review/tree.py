@@ -5,6 +5,7 @@ Untrusted text (sources, logs, messages, keys) goes to rich as `Text`, never as 
 
 from __future__ import annotations
 
+import functools
 import json
 
 from rich.console import Console, Group
@@ -85,6 +86,7 @@ def print_trees(tasks: list[TaskView], console: Console | None = None) -> None:
 def print_node(d: NodeDetail, console: Console | None = None) -> None:
     """One node: facts, source, diff against its parent, build log, verification, timing, LLM text."""
     console = console or terminal.console()
+    panel = functools.partial(Panel, expand=console.is_terminal)  # piped: as wide as the text, not the stream
     n, e = d.node, d.evaluation
     facts = Table(show_header=False, box=None)
     facts.add_column(style="bold")
@@ -99,22 +101,22 @@ def print_node(d: NodeDetail, console: Console | None = None) -> None:
                  ("device", e.device), ("device s", f"{e.device_seconds:.2f}")]
     for a, b in rows:
         facts.add_row(a, Text(b))
-    console.print(Panel(facts, title=f"node #{n.id}", title_align="left"))
+    console.print(panel(facts, title=f"node #{n.id}", title_align="left"))
     source = Syntax(n.source or "", LEXERS.get(n.backend, "text"), line_numbers=True, word_wrap=True)
-    console.print(Panel(source, title="source", title_align="left"))  # long lines wrap: nothing is cropped
+    console.print(panel(source, title="source", title_align="left"))  # long lines wrap: nothing is cropped
     diff = d.diff()
     shown = Syntax(diff, "diff", word_wrap=True) if diff else Text("no parent" if d.parent is None else "no change",
                                                                    style="dim")
-    console.print(Panel(shown, title="diff against parent", title_align="left"))
+    console.print(panel(shown, title="diff against parent", title_align="left"))
     if e is None:
         console.print(Text("not evaluated (the eager baseline, or still pending)", style="dim"))
     else:
-        console.print(Panel(Text(e.build_log or "(empty)"), title="build log", title_align="left"))
-        console.print(Panel(_verify(e.verify), title="verification", title_align="left"))
-        console.print(Panel(_timing(e.time_us_median, e.time_us_spread, e.verify.get("baseline")), title="timing (us)",
+        console.print(panel(Text(e.build_log or "(empty)"), title="build log", title_align="left"))
+        console.print(panel(_verify(e.verify), title="verification", title_align="left"))
+        console.print(panel(_timing(e.time_us_median, e.time_us_spread, e.verify.get("baseline")), title="timing (us)",
                             title_align="left"))
     for c in d.llm_calls:
-        console.print(Panel(Group(Text("prompt", style="bold"), Text(c.prompt), Text("answer", style="bold"),
+        console.print(panel(Group(Text("prompt", style="bold"), Text(c.prompt), Text("answer", style="bold"),
                                   Text(c.response)),
                             title=Text(f"LLM call {c.provider}:{c.model} ({c.status}, {c.tokens_in} in, "
                                        f"{c.tokens_out} out, ${c.usd:.4f}, {c.latency_s:.1f} s)"), title_align="left"))

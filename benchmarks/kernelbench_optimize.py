@@ -206,20 +206,14 @@ def _truth_errors(model: Any, fn: Any, inputs: list[Any]) -> str:
 
     import torch
 
-    from forge.runtime.endtoend import compare
-
-    def wide(x: Any) -> Any:
-        return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-
-    def widen(out: Any) -> Any:
-        return type(out)(wide(v) for v in out) if isinstance(out, (tuple, list)) else wide(out)
+    from forge.runtime.endtoend import _double, compare
 
     with torch.no_grad():
         try:
-            exact = copy.deepcopy(model).double()(*[wide(x) for x in inputs])
+            exact = copy.deepcopy(model).double()(*[_double(x) for x in inputs])
         except Exception as e:  # noqa: BLE001 - a model that cannot run in float64
             return f"not run ({type(e).__name__})"
-        eager, got = compare(exact, widen(model(*inputs)))[1], compare(exact, widen(fn(*inputs)))[1]
+        eager, got = compare(exact, _double(model(*inputs)))[1], compare(exact, _double(fn(*inputs)))[1]
     return f"eager {eager:.1e}, torch.compile {got:.1e}"
 
 

@@ -3,7 +3,7 @@
 A variant is which found kernels it uses (all, or none), which whole-graph rewrites it applies
 (forge.runtime.rewrites) and how the forward runs (RUNTIMES):
 - `graph`: the patched ATen graph run op by op from Python;
-- `cuda-graph`: the same forward captured once as a CUDA graph and replayed (forge.runtime.dispatch.GraphReplay);
+- `cuda-graph`: the same forward captured once as a CUDA graph and replayed (forge.runtime.graphs.GraphReplay);
 - `inductor`: the patched, rewritten graph compiled by torch.compile (forge's kernels are the opaque op
   `forge::kernel` in it); with no kernels and no rewrites, the user's model itself ("model, inductor":
   exactly what torch.compile(model) gives, so forge's result is never a worse compile than that);

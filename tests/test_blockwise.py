@@ -1,5 +1,7 @@
 """Block-wise dispatch (forge.runtime.blockwise): kernels found block-wise run inside every block of a kind."""
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from forge.evaluate.build import build
 from forge.kernel import TaskSpec
 from forge.policy.recipes.policy import RecipePolicy
 from forge.runtime.blockwise import apply_blockwise
-from forge.runtime.dispatch import KernelArtifact
+from forge.runtime.dispatch import Counters, KernelArtifact
 
 
 class Block(torch.nn.Module):
@@ -272,11 +274,13 @@ def test_a_block_wise_artifact_is_rebuilt_block_wise(tmp_path):
     artifact.save(tmp_path / "a", arts, {"device_model": artifact.device_model("cpu"), "layout": "",
                                           "variant": variant.to_json()})
     opt = forge.load(tmp_path / "a", model, [x])
-    assert isinstance(opt, BlockwiseModule)
+    assert isinstance(opt.patched, BlockwiseModule)
     y = torch.randn(3, 40, 96)
     with torch.no_grad():
         torch.testing.assert_close(opt(y), model(y))
-    assert opt.counters() and all(c.hits == 3 and not c.fallbacks for c in opt.counters().values())
+    counters = opt.counters()
+    assert counters.pop("model") == Counters(1, Counter())  # one forward, forge's
+    assert counters and all(c.hits == 3 and not c.fallbacks for c in counters.values())
     assert Variant.parse(variant.to_json()) == variant and variant.name == "kernels, graph, block-wise"
 
 

@@ -232,7 +232,7 @@ def test_inductor_with_nothing_of_forges_compiles_the_model_itself():
     v = Variant(False, (), "inductor")
     assert v.own_model and v.name == "model, inductor" and not Variant(False, ("fold-bn",), "inductor").own_model
     fn, _, _ = build(model, [x], [], v, "cpu")
-    assert fn.target.model is model  # the user's module, not the captured graph
+    assert fn.fn.target.model is model  # the user's module, not the captured graph
     with torch.no_grad():
         for got, want in zip(fn(x), model(x), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -272,7 +272,7 @@ def test_an_artifact_with_a_variant_loads_as_that_variant(tmp_path):
     artifact.save(tmp_path, [], {"device": "cpu", "device_model": artifact.device_model("cpu"),
                                  "variant": variant.to_json()})
     fast = forge.load(tmp_path, model, [x])
-    assert aten._native_batch_norm_legit_no_training.default not in _targets(fast)
+    assert aten._native_batch_norm_legit_no_training.default not in _targets(fast.patched)
     y = torch.randn(2, 3, 9, 11)
     with torch.no_grad():
         torch.testing.assert_close(fast(y), model(y), rtol=1e-5, atol=1e-5)

@@ -37,6 +37,7 @@ from forge.capture.layout import LAYOUTS, capture_in
 from forge.errors import UserError
 from forge.evaluate.build import file_sha256 as sha256
 from forge.runtime.dispatch import KernelArtifact, apply
+from forge.runtime.result import ForgeModel
 from forge.tasks.cut import build_tasks
 
 FORMAT = "forge.artifact/1"
@@ -172,7 +173,8 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
                 raise RuntimeError(msg)
             log.warning(msg)
     if "variant" not in data:  # an artifact from before variants: kernels, and a CUDA graph when it says so
-        return apply(model, inputs, keep, strict=strict, cuda_graph=bool(data.get("cuda_graph")), cap=cap)
+        opt = apply(model, inputs, keep, strict=strict, cuda_graph=bool(data.get("cuda_graph")), cap=cap)
+        return ForgeModel(opt, model, opt, opt.reread, derived=opt._state is None)
     from forge.runtime.variants import Variant, build
 
     try:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.export.graph_signature import InputKind
 
 from forge.backends import BACKENDS
 from forge.capture.export import Capture, TensorMeta, capture
@@ -265,11 +266,29 @@ class OptimizedModule(GuardedForward):
 
     def __init__(self, gm: torch.fx.GraphModule, template: list[Any], user_slots: list[int],
                  kernels: dict[str, GuardedKernel], original: torch.nn.Module, inputs: list[Any],
-                 cuda_graph: bool = False, out_spec: pytree.TreeSpec | None = None) -> None:
+                 cuda_graph: bool = False, out_spec: pytree.TreeSpec | None = None,
+                 state: dict[str, int] | None = None) -> None:
         super().__init__(original, inputs, cuda_graph)
         self.gm, self.kernels = gm, kernels
         self._template, self._user_slots = template, user_slots
         self._out_spec = out_spec  # the structure the model returns (its export's), when known
+        self._state = state  # the model's parameters and buffers by name -> their slots; None: not all its own
+
+    def reread(self) -> bool:
+        """Take the model's current parameters and buffers into the graph's arguments (after one was replaced;
+        a CUDA graph is captured again); False where the graph holds copies of them (another layout) or a new
+        one differs in shape, dtype, device or strides."""
+        if self._state is None:
+            return False
+        now = _state_of(self.original)
+        new = {slot: now.get(name) for name, slot in self._state.items()}
+        if not all(isinstance(t, torch.Tensor) and _sig(t) == _sig(self._template[slot]) and
+                   t.stride() == self._template[slot].stride() for slot, t in new.items()):
+            return False
+        for slot, t in new.items():
+            self._template[slot] = t
+        self._replay = None
+        return True
 
     def _run(self, *inputs: Any) -> Any:
         args = list(self._template)
@@ -330,7 +349,23 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     template = cap.flat_args(marks)
     slots = [next(i for i, a in enumerate(template) if a is m) for m in marks]
     return OptimizedModule(patched, template, slots, guarded, model, inputs, cuda_graph=cuda_graph,
-                           out_spec=cap.exported.call_spec.out_spec)
+                           out_spec=cap.exported.call_spec.out_spec, state=_own_state(cap, model, template))
+
+
+def _state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
+
+
+def _own_state(cap: Capture, model: torch.nn.Module, template: list[Any]) -> dict[str, int] | None:
+    """Each parameter and buffer of the graph by name -> its slot in `template`; None unless every one is the
+    model's own tensor (not a copy in another layout)."""
+    own, state = _state_of(model), {}
+    for slot, spec in enumerate(cap.exported.graph_signature.input_specs):
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            if own.get(str(spec.target)) is not template[slot]:
+                return None
+            state[str(spec.target)] = slot
+    return state
 
 
 def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -45,6 +45,7 @@ from forge.capture.export import Capture, capture
 from forge.runtime.blockwise import BlockwiseModule, apply_blockwise
 from forge.runtime.dispatch import KernelArtifact, OptimizedModule, _views_to_reshapes, apply
 from forge.runtime.endtoend import fresh_inputs, interleaved_ms, outputs_match
+from forge.runtime.result import ForgeModel
 from forge.runtime.rewrites import REWRITES, parse, rewrite
 
 log = logging.getLogger(__name__)
@@ -146,10 +147,12 @@ def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
         bw = apply_blockwise(model, inputs, used, strict=strict, cuda_graph=variant.runtime == "cuda-graph")
         if bw is None:
             raise RuntimeError("the model has no repeated blocks to dispatch block-wise")
-        return bw, bw, {}
+        return ForgeModel(bw, model, bw, None, derived=False), bw, {}
     if variant.own_model:  # nothing of forge's in it: the model itself, as torch.compile(model) would (the
-        # captured graph, with parameters as inputs, compiled measurably slower than that on some CPU problems)
-        return Compiled(_Call(model), None, variant.runtime == "inductor-cuda-graph"), None, {}
+        # captured graph, with parameters as inputs, compiled measurably slower than that on some CPU problems);
+        # Dynamo's guards see a replaced parameter
+        own = Compiled(_Call(model), None, variant.runtime == "inductor-cuda-graph")
+        return ForgeModel(own, model, None, lambda: True, derived=False), None, {}
     used = [k for k in kernels if k.key not in variant.without] if variant.kernels else []
     opt = apply(model, inputs, used, strict=strict,
                 cuda_graph=variant.runtime == "cuda-graph", cap=cap)
@@ -157,9 +160,11 @@ def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     if variant.rewrites:  # rewritten layouts (slices, NHWC) may not take a view: reshapes, then one recompile
         _views_to_reshapes(opt.gm.graph)
         sites = rewrite(opt.gm, opt._template, opt._user_slots, variant.rewrites, device)
+    derived = bool(variant.rewrites) or opt._state is None  # folded, merged or relaid-out copies of weights
     if variant.runtime.startswith("inductor"):
-        return Compiled(opt, opt, variant.runtime == "inductor-cuda-graph"), opt, sites
-    return opt, opt, sites
+        return ForgeModel(Compiled(opt, opt, variant.runtime == "inductor-cuda-graph"), model, opt, None,
+                          derived), opt, sites
+    return ForgeModel(opt, model, opt, None if variant.rewrites else opt.reread, derived), opt, sites
 
 
 class _Call(torch.nn.Module):

@@ -4,7 +4,8 @@ Public API (imports are lazy, so `import forge` stays light):
 - `forge.optimize(model, example_inputs, seconds=300, ...)`: the main job (`forge optimize`) on a model in hand;
   returns (the model you get, the report): forge's result rebuilt from the run's artifact, or `model` itself
   where nothing forge measured was faster;
-- `forge.apply(model, inputs, kernels, strict=False)`: the model with guarded kernels (forge.runtime.dispatch);
+- `forge.apply(model, inputs, kernels, strict=False)`: the model with guarded kernels (forge.runtime.dispatch),
+  called only where it computes what the model would (forge.runtime.result);
 - `forge.load(path, model, inputs, strict=False, verify=False)`: the same from a run's artifact folder
   (forge.runtime.artifact); kernels tuned on another device model are used only with `verify=True`, after they
   pass verification and beat eager here.
@@ -45,10 +46,13 @@ def optimize(model: Any, example_inputs: list[Any], *, seconds: float = 300.0, b
 
 
 def apply(model: Any, inputs: list[Any], kernels: list[Any], strict: bool = False) -> Any:
-    """Capture `model` on `inputs` and swap in the kernels (see forge.runtime.dispatch.apply)."""
+    """Capture `model` on `inputs` and swap in the kernels (see forge.runtime.dispatch.apply), as forge's
+    result (forge.runtime.result.ForgeModel: the model itself where a gradient is needed, counted)."""
     from forge.runtime.dispatch import apply as _apply
+    from forge.runtime.result import ForgeModel
 
-    return _apply(model, inputs, kernels, strict=strict)
+    opt = _apply(model, inputs, kernels, strict=strict)
+    return ForgeModel(opt, model, opt, opt.reread, derived=opt._state is None)
 
 
 def load(path: Any, model: Any, inputs: list[Any], strict: bool = False, verify: bool = False) -> Any:

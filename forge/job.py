@@ -31,8 +31,11 @@ log = logging.getLogger(__name__)
 # the second fraction (a compilation of a reference model takes 10-60 s on an H200's host), nor one that would
 # end after the third, judged by the one before it (the final timing and the artifact take the rest). The
 # search's half: of 300 s on the SD3.5 VAE (c0bf830, a 0.55 share) the variants' chains and a first 35 s
-# compilation left the second one, the one with forge's kernels, 1 s short of the third fraction.
-_SEARCH_SHARE, _COMPILE_BY, _COMPILE_END = 0.5, 0.8, 0.95
+# compilation left the second one, the one with forge's kernels, 1 s short of the third fraction. On a GPU
+# 0.4: at 0.5 (0d9eb0b, H200) Gemma 4's and the SD3.5 MMDiT's first compilation (the model itself, 51 and 58 s)
+# left no time for the second (the rewrites under Inductor, 1.12x over torch.compile on Gemma 4 at 44e84b0), so
+# forge's result was torch.compile's own.
+_SEARCH_SHARE, _COMPILE_BY, _COMPILE_END = {"cuda": 0.4, "cpu": 0.5}, 0.8, 0.95
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,8 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
         with Evaluator(loaded.device) as ev:
-            searching = replace(budget, seconds=max(5.0, budget.seconds * _SEARCH_SHARE - (time.monotonic() - start)))
+            share = _SEARCH_SHARE[loaded.device.split(":")[0]]
+            searching = replace(budget, seconds=max(5.0, budget.seconds * share - (time.monotonic() - start)))
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, progress,
                               resume=bool(resume))
         return _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, Path(runs_dir), inductor)

@@ -67,8 +67,8 @@ def state_kept(model: torch.nn.Module) -> Iterator[None]:
     finally:
         with torch.no_grad():
             for b, v in saved:
-                if b.shape == v.shape and b.dtype == v.dtype:
-                    b.copy_(v)
+                if b.shape == v.shape and b.dtype == v.dtype and not torch.equal(b, v):
+                    b.copy_(v)  # only where changed: a buffer's version is how forge sees a change in place
 
 
 def check_device(device: str) -> str:

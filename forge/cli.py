@@ -34,6 +34,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, help="zoo: batch size")
     p.add_argument("--seq", type=int, help="zoo: sequence length (language models, MMDiT text)")
     p.add_argument("--resolution", type=int, help="zoo: image resolution in pixels")
+    _add_mode_arg(p)
+
+
+def _add_mode_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--eval", action="store_true", help="put a model file's Model in inference mode (model.eval()) "
+                   "first; without it the model runs as constructed, in training mode unless it sets otherwise "
+                   "(BatchNorm on the batch's statistics, as KernelBench runs it); --zoo models are always eval")
 
 
 def load_model(args: argparse.Namespace):  # noqa: ANN201 - returns forge.capture.model_input.LoadedModel
@@ -51,7 +58,7 @@ def load_model(args: argparse.Namespace):  # noqa: ANN201 - returns forge.captur
     given = [k for k, v in sizes.items() if v is not None]
     if given:
         raise UserError(f"--{given[0]} applies to --zoo models only; a model file sets its own sizes")
-    return model_input.load_file(args.model, args.device, args.dtype)
+    return model_input.load_file(args.model, args.device, args.dtype, eval=bool(getattr(args, "eval", False)))
 
 
 def _blocks(args: argparse.Namespace) -> bool:
@@ -177,6 +184,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             if not args.model and not args.zoo:
                 raise UserError(f"run {run.id} does not say how its model was loaded: give the model ({run.model})")
         args.device, args.dtype, args.policy = run.device, run.dtype, run.policy
+        args.eval = run.config.get("mode", "eval") == "eval"  # the run's mode (runs stored before it was: eval)
     loaded = load_model(args)
     pol = _policy(args, store, loaded.device)
     budget = Budget(candidates=args.budget, seconds=args.seconds, per_task=max(4, min(args.budget, 16)))
@@ -211,6 +219,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-store", action="store_true", help="do not record the evaluation")
     for name in ("layers", "batch", "seq", "resolution"):
         p.add_argument(f"--{name}", type=int, help=f"zoo: {name}")
+    _add_mode_arg(p)
     p.set_defaults(func=cmd_eval)
 
 

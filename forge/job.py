@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.capture.export import Capture
-from forge.capture.model_input import LoadedModel
+from forge.capture.model_input import LoadedModel, state_kept
 from forge.capture.profile import Profile, profile_blockwise, profile_model
 from forge.errors import Interrupted, UserError
 from forge.evaluate.evaluator import Evaluator
@@ -61,6 +61,7 @@ class OptimizeReport:
     variants: tuple[Measured, ...] = ()  # every variant measured end to end, in the order tried
     peak_mem_ratio: float | None = None  # CUDA: peak device memory of a forward of the result over eager's
     layout: str = ""  # the activation layout captured and searched in (forge.capture.layout; "": as given)
+    mode: str = "eval"  # the model's mode, in which it was captured, searched, measured and compared: train | eval
 
     @property
     def speedup(self) -> float:
@@ -76,7 +77,7 @@ class OptimizeReport:
             "cuda_graph": self.cuda_graph, "graph_ms": self.graph_ms, "graph_note": self.graph_note,
             "artifact": self.artifact, "variant": self.variant.to_json() if self.variant else None,
             "variants": [m.to_json() for m in self.variants], "peak_mem_ratio": self.peak_mem_ratio,
-            "layout": self.layout or "row-major",
+            "layout": self.layout or "row-major", "mode": self.mode,
             "tasks": [{"key": t.key, "family": t.family, "share": t.share, "eager_us": t.eager_us,
                        "best_us": t.best_us, "floor_us": t.floor_us, "speedup": t.speedup,
                        "candidates": t.candidates, "status": t.status, "stop_reason": t.stop_reason}
@@ -124,6 +125,10 @@ def _check_same_model(run: RunRecord, loaded: LoadedModel, keys: set[str], tasks
     if not same or (run.device, run.dtype) != (loaded.device, loaded.dtype):
         raise UserError(f"run {run.id} optimized {run.model} on {run.device} ({run.dtype}), not {loaded.name} on "
                         f"{loaded.device} ({loaded.dtype}); resume it with the same model or without a model")
+    if run.config.get("mode", "eval") != loaded.mode:
+        raise UserError(f"run {run.id} optimized {run.model} in {run.config.get('mode', 'eval')} mode, not "
+                        f"{loaded.mode}; resume it in the same mode ({'with' if loaded.mode == 'train' else 'without'}"
+                        " --eval)")
     missing = [t.key for t in tasks if t.key not in keys]
     if missing:
         raise UserError(f"{loaded.name} is not the model run {run.id} started with: its task {missing[0]} is "
@@ -144,6 +149,15 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     `blocks`: capture each kind of repeated block once and dispatch the kernels block by block
     (forge.capture.blocks, forge.runtime.blockwise; the model's own layout), where the model has such blocks.
     """
+    with state_kept(loaded.model):  # forge's own forwards in training mode leave the running statistics as given
+        return _job(loaded, store, policy, budget, Path(runs_dir), progress, resume, load, profile_out, inductor,
+                    layout, blocks)
+
+
+def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget | None, runs_dir: Path,
+         progress: Progress | None, resume: str | None, load: dict[str, Any] | None, profile_out: str | Path | None,
+         inductor: bool, layout: str | None, blocks: bool) -> OptimizeReport:
+    """forge.job.optimize's steps (its docstring), the model's buffers restored after by the caller."""
     start = time.monotonic()
     pol = make_policy(policy, loaded.device) if isinstance(policy, str) else policy
     stored = resumable(store, resume) if resume else None
@@ -158,7 +172,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
             searching = replace(budget, seconds=max(5.0, budget.seconds * share - (time.monotonic() - start)))
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, progress,
                               resume=bool(resume))
-        return _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, Path(runs_dir), inductor)
+        return _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, runs_dir, inductor)
     except KeyboardInterrupt as e:  # in the search or the final timing: every candidate so far is stored
         store.update_run(run.id, state="stopped", note=f"interrupted: forge optimize --resume {run.id}")
         raise Interrupted(run.id) from e
@@ -186,7 +200,8 @@ def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: 
         return stored, Budget(**stored.config["budget"])
     budget = budget or Budget()
     run = store.create_run(loaded.name, device=loaded.device, dtype=loaded.dtype, policy=pol.name,
-                           config={"budget": vars(budget), "load": load or {}, "layout": layout, "blocks": blocks})
+                           config={"budget": vars(budget), "load": load or {}, "layout": layout, "blocks": blocks,
+                                   "mode": loaded.mode})
     return run, budget
 
 
@@ -201,7 +216,8 @@ def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof
                for o in outcomes if o.best is not None and o.library]
     folder, layout = runs_dir / run.id, cap.layout if cap else ""
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
-            "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype, "layout": layout}
+            "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype, "layout": layout,
+            "mode": loaded.mode}
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
     finish = start + budget.seconds * _COMPILE_END if budget.seconds else None
     if cap is None:  # captured block-wise: dispatched block-wise
@@ -237,4 +253,4 @@ def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof
                                         "device_seconds": cost.device_seconds,
                                         "wall_seconds": time.monotonic() - start},
                           best.variant if applied else None, tuple(tried),
-                          best.peak_mem_ratio if applied else None, layout)
+                          best.peak_mem_ratio if applied else None, layout, loaded.mode)

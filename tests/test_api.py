@@ -1,5 +1,7 @@
 """The Python API of the main job: forge.optimize on a model in hand returns the model you get and its report."""
 
+import copy
+
 import torch
 
 import forge
@@ -23,10 +25,10 @@ class Gate(torch.nn.Module):
 def test_optimize_returns_the_model_you_get_and_stores_the_run(tmp_path):
     torch.manual_seed(0)
     model, x = Gate(), torch.randn(3, 41, 97)
-    model.train()  # eval=True (the default) puts it in inference mode, as forge optimize does
+    model.train()  # eval=True puts it in inference mode, as forge optimize --eval does
     fast, report = forge.optimize(model, [x], seconds=40, budget=8, db=tmp_path / "forge.db",
-                                  runs_dir=tmp_path / "runs")
-    assert not model.training and report.outputs_match
+                                  runs_dir=tmp_path / "runs", eval=True)
+    assert not model.training and report.outputs_match and report.mode == "eval"
     assert (fast is model) == (not report.applied)  # eager kept: the model itself, else forge's result
     assert (tmp_path / "runs" / report.run_id / "manifest.json").is_file()
     run = Store(tmp_path / "forge.db").get_run(report.run_id)
@@ -34,3 +36,22 @@ def test_optimize_returns_the_model_you_get_and_stores_the_run(tmp_path):
     y = torch.randn(3, 41, 97)
     with torch.no_grad():
         torch.testing.assert_close(fast(y), model(y), rtol=1e-4, atol=1e-4)
+
+
+def test_optimize_takes_the_model_as_given_by_default(tmp_path):
+    """eval=False: a BatchNorm model in training mode is optimized as that function; its buffers left as given."""
+    from conftest import MODELS
+
+    from forge.capture.model_input import load_file
+
+    loaded = load_file(MODELS / "conv_batchnorm.py")
+    model, twin = loaded.model, copy.deepcopy(loaded.model)
+    fast, report = forge.optimize(model, loaded.inputs, seconds=15, budget=4, db=tmp_path / "forge.db",
+                                  runs_dir=tmp_path / "runs")
+    assert model.training and report.mode == "train" and report.to_json()["mode"] == "train"
+    assert report.outputs_match and int(model.bn.num_batches_tracked) == 0  # forge's own calls undone
+    assert Store(tmp_path / "forge.db").get_run(report.run_id).config["mode"] == "train"
+    x = torch.randn_like(loaded.inputs[0])
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), twin(x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(model.bn.running_var, twin.bn.running_var)

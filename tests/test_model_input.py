@@ -74,7 +74,22 @@ def test_load_file_casts_model_and_float_inputs():
     loaded = load_file(EXAMPLES / "rmsnorm_swiglu.py", "cpu", "bf16")
     assert all(p.dtype == torch.bfloat16 for p in loaded.model.parameters())
     assert loaded.inputs[0].dtype == torch.bfloat16
-    assert not loaded.model.training
+    assert loaded.model.training and loaded.mode == "train"  # as constructed (nn.Module's default), as KernelBench
+
+
+def test_load_file_keeps_the_mode_and_the_buffers_unless_eval_is_asked():
+    """A file's model in the mode it was built in; its one check run leaves BatchNorm's running stats as built."""
+    loaded = load_file(MODELS / "conv_batchnorm.py")
+    bn = loaded.model.bn
+    assert loaded.mode == "train" and int(bn.num_batches_tracked) == 0
+    assert torch.equal(bn.running_mean, torch.zeros(8)) and torch.equal(bn.running_var, torch.ones(8))
+    assert load_file(MODELS / "conv_batchnorm.py", eval=True).mode == "eval"
+
+
+def test_a_zoo_model_is_in_eval_mode():
+    from forge.capture.model_input import load_zoo
+
+    assert load_zoo("resnet50", "meta").mode == "eval"
 
 
 def test_load_file_on_meta_allocates_nothing():

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, OutputKind
 
 from forge.capture.libraries import as_eager
 from forge.errors import UserError
@@ -165,6 +165,24 @@ class Capture:
     def user_output_count(self) -> int:
         """Number of user-visible outputs."""
         return len(self.exported.graph_signature.user_outputs)
+
+    def state_updates(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+        """((graph output index, the graph argument slot it writes back into) for every buffer the forward
+        changes, such as the running statistics of a BatchNorm in training mode; the user outputs' indices).
+        The graph is functional: whoever runs it writes the new buffers back, as eager changes them in place.
+        Raises RuntimeError for outputs of other kinds (an input changed in place)."""
+        ins, outs = self.exported.graph_signature.input_specs, self.exported.graph_signature.output_specs
+        slot = {str(spec.target): i for i, spec in enumerate(ins) if spec.kind == InputKind.BUFFER}
+        updates, users = [], []
+        for j, spec in enumerate(outs):
+            if spec.kind == OutputKind.USER_OUTPUT:
+                users.append(j)
+            elif spec.kind == OutputKind.BUFFER_MUTATION and str(spec.target) in slot:
+                updates.append((j, slot[str(spec.target)]))
+            else:
+                raise RuntimeError(f"the model's forward has a graph output of kind {spec.kind.name} "
+                                   f"({spec.target}): forge does not write it back")
+        return tuple(updates), tuple(users)
 
 
 def decomposition_table() -> dict[Any, Any]:

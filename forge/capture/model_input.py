@@ -3,6 +3,11 @@
 A model file defines `Model` (an nn.Module), `get_inputs()` (its forward arguments) and optionally
 `get_init_inputs()` (Model's constructor arguments). Every way this can go wrong raises UserError with
 one line that says what is wrong and how to fix it.
+
+Mode: a file's model runs in the mode it was constructed in (an nn.Module's default is training: BatchNorm
+normalises by the batch's statistics and updates its running ones, dropout is random), as KernelBench's own
+harness runs it (under no_grad); `eval=True` (`--eval`) puts it in inference mode first. Zoo models are
+inference reference models: always in eval mode.
 """
 
 from __future__ import annotations
@@ -31,13 +36,39 @@ DEVICES = ("cpu", "cuda", "meta")
 
 @dataclass
 class LoadedModel:
-    """A model ready to capture: in eval mode, on its device, in its dtype, with example inputs."""
+    """A model ready to capture: in its mode, on its device, in its dtype, with example inputs."""
 
     name: str  # the file path, or "zoo:NAME"
     model: torch.nn.Module
     inputs: list[Any]
     device: str
     dtype: str  # "fp32" | "bf16" | "fp16"
+
+    @property
+    def mode(self) -> str:
+        """"train" or "eval": the mode the model is in (and is captured, searched and measured in)."""
+        return mode_of(self.model)
+
+
+def mode_of(model: torch.nn.Module) -> str:
+    """"train" when the model (or any of its submodules) is in training mode, else "eval"."""
+    return "train" if any(m.training for m in model.modules()) else "eval"
+
+
+@contextlib.contextmanager
+def state_kept(model: torch.nn.Module) -> Iterator[None]:
+    """Run a block and then put the model's buffers back as they were (in place: graphs holding them see it).
+
+    Important: in training mode a forward changes state (BatchNorm's running statistics, num_batches_tracked);
+    forge's own calls of the model (checks, timings, comparisons) must not leave it changed."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                if b.shape == v.shape and b.dtype == v.dtype and not torch.equal(b, v):
+                    b.copy_(v)  # only where changed: a buffer's version is how forge sees a change in place
 
 
 def check_device(device: str) -> str:
@@ -132,8 +163,10 @@ def _move(x: Any, device: str, dtype: torch.dtype, where: str) -> Any:
                     "list of tensors (numbers are allowed as constant arguments)")
 
 
-def load_file(path: str | Path, device: str = "cpu", dtype: str = "fp32", seed: int = 0) -> LoadedModel:
-    """Load a KernelBench-convention model file; device "meta" builds it without memory."""
+def load_file(path: str | Path, device: str = "cpu", dtype: str = "fp32", seed: int = 0,
+              eval: bool = False) -> LoadedModel:
+    """Load a KernelBench-convention model file in the mode it is constructed in (`eval`: inference mode);
+    device "meta" builds it without memory."""
     path = Path(path)
     check_device(device)
     torch_dtype = check_dtype(dtype)
@@ -168,7 +201,9 @@ def load_file(path: str | Path, device: str = "cpu", dtype: str = "fp32", seed: 
     inputs = [_move(x, device, torch_dtype, f"{path}: get_inputs()[{i}]") for i, x in enumerate(raw)]
     if not any(isinstance(x, torch.Tensor) for x in inputs):
         raise UserError(f"{path}: get_inputs() returned no tensor; it must return the forward's tensors")
-    model = model.to(device=device, dtype=torch_dtype).eval()
+    model = model.to(device=device, dtype=torch_dtype)
+    if eval:
+        model.eval()
     loaded = LoadedModel(str(path), model, inputs, device, dtype)
     if device != "meta":
         check_runs(loaded)
@@ -176,7 +211,8 @@ def load_file(path: str | Path, device: str = "cpu", dtype: str = "fp32", seed: 
 
 
 def load_zoo(name: str, device: str = "cpu", dtype: str = "fp32", **sizes: int | None) -> LoadedModel:
-    """Build a reference model from the zoo (random weights, config shipped with forge)."""
+    """Build a reference model from the zoo (random weights, config shipped with forge), in eval mode: zoo models
+    are inference reference models."""
     check_device(device)
     torch_dtype = check_dtype(dtype)
     from forge.capture import zoo
@@ -185,13 +221,15 @@ def load_zoo(name: str, device: str = "cpu", dtype: str = "fp32", **sizes: int |
         model, inputs = zoo.build(name, device=device, dtype=torch_dtype, **sizes)
     except (ValueError, ImportError) as e:
         raise UserError(str(e)) from e
+    model.eval()
     return LoadedModel(f"zoo:{name}", model, inputs, device, dtype)
 
 
 def check_runs(loaded: LoadedModel) -> None:
-    """Run the model once on its inputs; a failure (e.g. a dtype it cannot take) is a UserError."""
+    """Run the model once on its inputs (its buffers kept as they were); a failure (e.g. a dtype it cannot
+    take) is a UserError."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), state_kept(loaded.model):
             loaded.model(*loaded.inputs)
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

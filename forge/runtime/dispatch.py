@@ -9,7 +9,6 @@ runs instead and the fallback is counted (`strict=True` raises instead). Counter
 
 from __future__ import annotations
 
-import heapq
 import logging
 import weakref
 from collections import Counter
@@ -26,6 +25,7 @@ from forge.backends import BACKENDS
 from forge.capture.export import Capture, TensorMeta, capture
 from forge.evaluate.launch import Launcher, LaunchError, call_on
 from forge.runtime.graphs import GraphReplay
+from forge.runtime.rewrite_base import stable_toposort
 from forge.tasks.cut import Task, build_tasks, compile_source, render
 
 log = logging.getLogger(__name__)
@@ -204,25 +204,6 @@ def _launch_of(art: KernelArtifact) -> Callable[[Sequence[torch.Tensor], Sequenc
     return call_on(Launcher(art.backend, art.path, art.entry), art.inputs, art.outputs)
 
 
-def _stable_toposort(graph: torch.fx.Graph) -> torch.fx.Graph:
-    """A copy of `graph` in an order where every node follows its inputs (original order otherwise)."""
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    pending = {n: len(set(n.all_input_nodes)) for n in graph.nodes}
-    new, env = torch.fx.Graph(), {}
-    heap = [(order[n], n.name, n) for n, k in pending.items() if k == 0]
-    heapq.heapify(heap)
-    while heap:
-        _, _, n = heapq.heappop(heap)
-        env[n] = new.node_copy(n, env.__getitem__)
-        for u in n.users:
-            pending[u] -= 1
-            if pending[u] == 0:
-                heapq.heappush(heap, (order[u], u.name, u))
-    if len(env) != len(order):
-        raise RuntimeError("the patched graph has a cycle")
-    return new
-
-
 class GuardedForward(torch.nn.Module):
     """A model's forward specialised to the inputs it was built on: calls with other inputs (shapes, dtypes,
     devices) run the original model and are counted (`model_fallbacks`); with `cuda_graph` (CUDA only) the
@@ -267,12 +248,14 @@ class OptimizedModule(GuardedForward):
     def __init__(self, gm: torch.fx.GraphModule, template: list[Any], user_slots: list[int],
                  kernels: dict[str, GuardedKernel], original: torch.nn.Module, inputs: list[Any],
                  cuda_graph: bool = False, out_spec: pytree.TreeSpec | None = None,
-                 state: dict[str, int] | None = None) -> None:
+                 state: dict[str, int] | None = None,
+                 updates: tuple[tuple[tuple[int, int], ...], tuple[int, ...]] | None = None) -> None:
         super().__init__(original, inputs, cuda_graph)
         self.gm, self.kernels = gm, kernels
         self._template, self._user_slots = template, user_slots
         self._out_spec = out_spec  # the structure the model returns (its export's), when known
         self._state = state  # the model's parameters and buffers by name -> their slots; None: not all its own
+        self._updates, self._users = updates or ((), ())  # buffers the forward changes (Capture.state_updates)
 
     def reread(self) -> bool:
         """Take the model's current parameters and buffers into the graph's arguments (after one was replaced;
@@ -296,6 +279,10 @@ class OptimizedModule(GuardedForward):
             args[slot] = x
         with torch.no_grad():
             out = self.gm(*args)
+            if self._updates:  # written back in place, as eager changes them (training-mode running statistics)
+                for j, slot in self._updates:
+                    args[slot].copy_(out[j])
+                out = tuple(out[j] for j in self._users)
         flat = list(out) if isinstance(out, (tuple, list)) else [out]
         if self._out_spec is not None and self._out_spec.num_leaves == len(flat):
             return pytree.tree_unflatten(flat, self._out_spec)  # a 1-tuple stays a 1-tuple, a dict a dict
@@ -342,14 +329,15 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
                 graph.erase_node(n)
     if tasks:
         _views_to_reshapes(graph)
-    new_graph = _stable_toposort(graph)
+    new_graph = stable_toposort(graph)
     patched = torch.fx.GraphModule(gm, new_graph)
     patched.recompile()
     marks = [object() for _ in inputs]
     template = cap.flat_args(marks)
     slots = [next(i for i, a in enumerate(template) if a is m) for m in marks]
     return OptimizedModule(patched, template, slots, guarded, model, inputs, cuda_graph=cuda_graph,
-                           out_spec=cap.exported.call_spec.out_spec, state=_own_state(cap, model, template))
+                           out_spec=cap.exported.call_spec.out_spec, state=_own_state(cap, model, template),
+                           updates=cap.state_updates())
 
 
 def _state_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:

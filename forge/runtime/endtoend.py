@@ -21,8 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from forge.bench import time_call_us
+from forge.capture.model_input import state_kept
 from forge.tolerance import model_tolerance, rel_error, tf32_convolutions
 
 
@@ -86,20 +88,50 @@ def fresh_inputs(inputs: list[Any]) -> list[Any]:
 
 
 def outputs_match(model: torch.nn.Module, optimized: Callable[..., Any], inputs: list[Any]) -> tuple[bool, float]:
-    """(match, max relative error against eager) of the optimized model on `inputs`; see the module docstring."""
+    """(match, max relative error against eager) of the optimized model on `inputs`; see the module docstring.
+
+    Important: both start from the same buffers and the same random seed, and what they leave in the buffers
+    counts as output (a training-mode BatchNorm updates its running statistics: forge's must be the same); the
+    buffers are put back as they were after."""
     tf32 = tf32_convolutions(model)
-    with torch.no_grad():
-        expected, got = model(*inputs), optimized(*inputs)
+    with torch.no_grad(), state_kept(model):
+        before = _buffers(model)
+        expected = (*pytree.tree_leaves(_seeded(model, inputs)), *_buffers(model))
+        _restore(model, before)
+        got = (*pytree.tree_leaves(_seeded(optimized, inputs)), *_buffers(model))
         ok, err = compare(expected, got, tf32)
         if ok:
             return ok, err
+        _restore(model, before)
         try:  # the float64 truth, for when eager itself is mostly rounding error
-            exact = copy.deepcopy(model).double()(*[_double(x) for x in inputs])
+            exact = copy.deepcopy(model).double()
+            exact = (*pytree.tree_leaves(_seeded(exact, [_double(x) for x in inputs])), *_buffers(exact))
         except Exception:  # a model that cannot run in float64: eager is the reference
             return ok, err
         _, err_eager = compare(_double(exact), _double(expected), tf32)
         good, err_forge = compare(_double(exact), _double(got), tf32)
     return good or err_forge <= 2 * err_eager, err  # within a factor 2 of eager's own rounding error
+
+
+_SEED = 1234  # each side's random ops (training-mode dropout) start from it: the same samples where they agree
+
+
+def _seeded(fn: Callable[..., Any], inputs: list[Any]) -> Any:
+    devices = sorted({x.device.index or 0 for x in inputs if isinstance(x, torch.Tensor) and x.is_cuda})
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(_SEED)
+        return fn(*inputs)
+
+
+def _buffers(model: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    """Copies of the model's buffers, as a forward left them."""
+    return tuple(b.detach().clone() for b in model.buffers())
+
+
+def _restore(model: torch.nn.Module, values: tuple[torch.Tensor, ...]) -> None:
+    for b, v in zip(model.buffers(), values, strict=True):
+        if not torch.equal(b, v):  # a buffer left as it was keeps its version (forge.runtime.result)
+            b.copy_(v)
 
 
 def _double(x: Any) -> Any:

@@ -12,7 +12,12 @@ forward as its fallback, taken (and counted in `counters()["model"]`) when:
   channels-last copies of weights) and a parameter changed in place since (`load_state_dict`, an optimiser
   step): those values are stale, so eager from then on ("parameters changed"). Without derived values a
   change in place is simply read: the graph holds the parameters themselves.
+- the model was put in another mode (`model.eval()`, `model.train()`) than the one it was captured in: the graph
+  is that mode's function (a BatchNorm on running or on batch statistics), so eager while it differs ("mode
+  changed"; the model's own flag is checked, not its submodules').
 Once eager for a replaced or changed parameter, always eager: `forge.load` again builds a result on the new ones.
+In training mode the forward itself updates buffers (BatchNorm's running statistics): they are the model's state,
+no value is derived from them, and their changes do not count as changed parameters.
 Calls with other shapes than the captured ones are counted there too ("inputs differ"), and block calls that
 ran their own forward ("block ran eager"). Replacements are seen through torch's global registration hooks
 (a dictionary lookup when any module registers anything); in-place changes through the tensors' version
@@ -48,9 +53,11 @@ class ForgeModel(torch.nn.Module):
         d = self.__dict__  # plain attributes: none is a submodule of the result
         d["fn"], d["model"], d["patched"], d["_reread"] = fn, model, patched, reread
         self._params = [p for p in model.parameters()]
-        tensors = [*self._params, *model.buffers()]
+        state = _updated(patched)  # buffers the forward updates itself: state, nothing is derived from them
+        tensors = [*self._params, *(b for b in model.buffers() if id(b) not in state)]
         self._versions = [(t, t._version) for t in tensors] if derived else []
         self._replaced = self._dead = False
+        self._training = model.training  # the mode captured in
         self.calls, self.fallbacks = 0, Counter[str]()
         _watch(self, model)
 
@@ -73,6 +80,12 @@ class ForgeModel(torch.nn.Module):
                             "values derived from it are stale: running the model eagerly (load it again)",
                             type(self.model).__name__)
                 return self._eager("parameters changed", inputs)
+        if self.model.training is not self._training:
+            if not self.fallbacks["mode changed"]:
+                now, built = ("training", "eval") if self.model.training else ("eval", "training")
+                log.warning("forge: %s is in %s mode, forge's result was built in %s mode: running the model "
+                            "eagerly", type(self.model).__name__, now, built)
+            return self._eager("mode changed", inputs)
         self.calls += 1
         return self.fn(*inputs)
 
@@ -104,6 +117,13 @@ class ForgeModel(torch.nn.Module):
             whole.fallbacks["block ran eager"] += self.patched.block_fallbacks
         out["model"] = whole
         return out
+
+
+def _updated(patched: GuardedForward | None) -> set[int]:
+    """Ids of the buffers the patched forward writes back (forge.capture.export.Capture.state_updates)."""
+    if not isinstance(patched, OptimizedModule):
+        return set()
+    return {id(patched._template[slot]) for _, slot in patched._updates}
 
 
 # id(module) -> (the module, the results built on a model holding it), for the registration hooks

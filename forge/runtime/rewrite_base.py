@@ -3,6 +3,7 @@ Rewrite interface, and the matching helpers the rewrites share (forge.runtime.re
 
 from __future__ import annotations
 
+import heapq
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -111,3 +112,22 @@ def same_meta(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     va, vb = a.meta.get("val"), b.meta.get("val")
     return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.shape == vb.shape and \
         va.dtype == vb.dtype
+
+
+def stable_toposort(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """A copy of `graph` in an order where every node follows its inputs (original order otherwise)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    pending = {n: len(set(n.all_input_nodes)) for n in graph.nodes}
+    new, env = torch.fx.Graph(), {}
+    heap = [(order[n], n.name, n) for n, k in pending.items() if k == 0]
+    heapq.heapify(heap)
+    while heap:
+        _, _, n = heapq.heappop(heap)
+        env[n] = new.node_copy(n, env.__getitem__)
+        for u in n.users:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(heap, (order[u], u.name, u))
+    if len(env) != len(order):
+        raise RuntimeError("the patched graph has a cycle")
+    return new

@@ -38,7 +38,11 @@ aten = torch.ops.aten
 
 
 class FoldBatchNorm(Rewrite):
-    """Eval-mode BatchNorm after a convolution, folded into the convolution."""
+    """Eval-mode BatchNorm after a convolution, folded into the convolution.
+
+    Important: only `_native_batch_norm_legit_no_training` (running statistics, the op of a BatchNorm in eval
+    mode) is folded. A BatchNorm in training mode is `_native_batch_norm_legit_functional` in the graph (the
+    batch's statistics, running ones updated): another function, never folded."""
 
     name = "fold-bn"
 

@@ -93,8 +93,9 @@ def print_optimize(report: Any, console: Console | None = None) -> None:
     rows = [[t.key, t.family, f"{100 * t.share:.1f}%", f"{t.eager_us:.1f}" if t.eager_us else "-",
              f"{t.best_us:.1f}" if t.best_us else "-", f"{t.speedup:.2f}x" if t.speedup else "-",
              str(t.candidates), t.status, t.stop_reason] for t in report.tasks if t.status != "skipped"]
+    mode = "training mode, as constructed" if report.mode == "train" else "eval mode"
     table = terminal.table(cols, rows, console.width, title=f"run {report.run_id} on {report.device} "
-                           f"({report.policy})")
+                           f"({report.policy}; the model in {mode})")
     console.print(table)
     colour = "green" if report.outputs_match else "red"
     console.print(f"end to end: eager {report.eager_ms:.3f} ms, forge {report.forge_ms:.3f} ms, "

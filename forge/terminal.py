@@ -20,7 +20,7 @@ from types import TracebackType
 from rich import box as boxes
 from rich import progress as bars
 from rich.console import Console, Group, RenderableType
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from forge.progress import Progress
@@ -93,11 +93,16 @@ def clock(seconds: float) -> str:
     return f"{m // 60}:{m % 60:02d}:{sec:02d}" if m >= 60 else f"{m}:{sec:02d}"
 
 
+def _text(field: str, wrap: bool = False) -> bars.TextColumn:
+    """A column of text (never markup: keys and stop reasons may hold brackets), on one line unless `wrap`."""
+    return bars.TextColumn(field, markup=False, table_column=Column(no_wrap=not wrap, overflow="fold"))
+
+
 class _Clock(bars.ProgressColumn):
     """The run's row: time elapsed and, where the run has a deadline, the time left to it."""
 
     def __init__(self, shown: RunProgress) -> None:
-        super().__init__()
+        super().__init__(table_column=Column(no_wrap=True))
         self.shown = shown
 
     def render(self, task: bars.Task) -> Text:
@@ -117,9 +122,11 @@ class RunProgress(Progress):
         self.ends: float | None = None  # the run's deadline (time.monotonic())
         self.candidates, self.per_task = 0, 0
         self.tried: dict[str, int] = {}  # task key -> candidates evaluated
-        self.bars = bars.Progress(bars.TextColumn("{task.description}"), bars.BarColumn(bar_width=30),
-                                  bars.TextColumn("{task.fields[count]}"), bars.TextColumn("{task.fields[note]}"),
-                                  _Clock(self), console=out, redirect_stdout=False, redirect_stderr=False)
+        whole = Column(no_wrap=True)  # keys and numbers stay whole; the note (last) folds onto more lines
+        self.bars = bars.Progress(bars.TextColumn("{task.description}", markup=False, table_column=whole),
+                                  bars.BarColumn(bar_width=20), _text("{task.fields[count]}"), _Clock(self),
+                                  _text("{task.fields[note]}", wrap=True), console=out,
+                                  redirect_stdout=False, redirect_stderr=False)
         self.run = self.bars.add_task("starting", total=None, count="", note="", run=True)
         self.rows: dict[str, bars.TaskID] = {}
 

@@ -11,15 +11,18 @@ lines where the console is not a terminal.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from rich import box as boxes
 from rich import progress as bars
 from rich.console import Console, Group, RenderableType
+from rich.file_proxy import FileProxy
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -129,15 +132,20 @@ class RunProgress(Progress):
                                   redirect_stdout=False, redirect_stderr=False)
         self.run = self.bars.add_task("starting", total=None, count="", note="", run=True)
         self.rows: dict[str, bars.TaskID] = {}
+        self.logs: list[tuple[logging.StreamHandler, Any]] = []  # (handler, its own stream) while live
 
     def __enter__(self) -> RunProgress:
-        if self.live:
+        if self.live:  # log lines (warnings, -v) go above the display, not through it
+            self.logs = [(h, h.setStream(FileProxy(self.out, h.stream))) for h in logging.getLogger().handlers
+                         if type(h) is logging.StreamHandler and h.stream is self.out.file]
             self.bars.start()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         if self.live:
             self.bars.stop()
+            for h, stream in self.logs:
+                h.setStream(stream)
 
     def times(self) -> str:
         """'0:42 elapsed, ~1:18 left': the time left to the run's deadline, where it has one ('0:05 over' past it:

@@ -2,6 +2,7 @@
 
 import io
 import json
+import logging
 import os
 import pty
 import re
@@ -146,7 +147,7 @@ def test_optimize_piped_prints_a_line_a_stage_and_a_task_with_the_budget_and_the
     assert all(re.search(r"\(\d+:\d\d elapsed, (~\d+:\d\d left|\d+:\d\d over)\)$", x) for x in lines), lines
     assert "budget 4 candidates, at most 4 a task" in lines[1]
     rep = json.loads((tmp_path / "o.json").read_text())
-    searched = [t for t in rep["tasks"] if t["status"] not in ("skipped", "not mine")]
+    searched = [t for t in rep["tasks"] if t["status"] != "not mine" and not t["stop_reason"].startswith("share")]
     done = [x for x in lines if x.startswith("forge: task ")]
     assert len(done) == len(searched) and searched, lines  # a line per finished task, with its share of the budget
     for t in searched:
@@ -159,6 +160,8 @@ def test_optimize_piped_prints_a_line_a_stage_and_a_task_with_the_budget_and_the
 def test_a_terminal_shows_the_stage_the_budget_the_time_and_each_tasks_best():
     out = io.StringIO()
     con = Console(file=out, width=100, height=20, force_terminal=True, color_system=None)
+    handler = logging.StreamHandler(out)
+    logging.getLogger().addHandler(handler)
     with terminal.RunProgress(con) as shown:
         assert shown.live
         shown.start(time.monotonic() + 60)
@@ -168,7 +171,12 @@ def test_a_terminal_shows_the_stage_the_budget_the_time_and_each_tasks_best():
         shown.task("softmax-3b83", 4, 1.77)
         shown.task_done("rms-1a2b", 2, None, "reached the roofline floor [sic]")
         shown.stage("search")
+        logging.getLogger("forge.test").warning("a warning [while live]")
+    assert handler.stream is out  # given back
+    logging.getLogger().removeHandler(handler)
     text = ANSI.sub("", out.getvalue())
+    assert text.count("a warning [while live]") == 1  # once, on a line of its own above the display:
+    assert re.search(r"[\r\n]a warning \[while live\] *\n", text) and text.index("a warning") < text.rindex("search ")
     last = text[text.rindex("search "):]  # the final frame
     assert re.search(r"search .* 6/40 candidates +0:0\d elapsed, ~0:5\d left *\n", last), last
     assert re.search(r"softmax-3b83 .* 4/16 +best 1.77x", last), last

@@ -190,17 +190,28 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     budget = Budget(candidates=args.budget, seconds=args.seconds, per_task=max(4, min(args.budget, 16)))
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k) is not None}
     load = {"file": str(Path(args.model).resolve()) if args.model else None, "zoo": args.zoo, "sizes": sizes}
-    console = terminal.console(stderr=True)
-
-    def progress(key: str, n: int, best: float | None) -> None:
-        console.print(f"  {key}: {n} candidates, best {best:.2f}x" if best else f"  {key}: {n} candidates")
-
-    report = optimize(loaded, store, policy=pol, budget=budget, progress=progress, resume=args.resume,
-                      load=load, inductor=args.inductor, layout=layout.requested(args.layout), blocks=_blocks(args))
+    with terminal.RunProgress(terminal.console(stderr=True)) as shown:  # live on a terminal, lines when piped
+        report = optimize(loaded, store, policy=pol, budget=budget, progress=shown, resume=args.resume, load=load,
+                          inductor=args.inductor, layout=layout.requested(args.layout), blocks=_blocks(args))
     print_optimize(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
     return 0
+
+
+def resume_command(args: argparse.Namespace, run_id: str) -> str:
+    """The command that continues run `run_id` as it was started: --resume with the options the run does not
+    store (--db, --no-inductor, the LLM's --max-usd, --prices and --replay, --json, -v); model, device, dtype,
+    policy, budget, layout and blocks come from the run."""
+    words = ["forge", "optimize", "--resume", run_id]
+    for opt in ("db", "max_usd", "prices", "replay", "json"):
+        if getattr(args, opt, None) is not None:
+            words += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
+    if not getattr(args, "inductor", True):
+        words.append("--no-inductor")
+    if getattr(args, "verbose", False):
+        words.append("-v")
+    return shlex.join(words)
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
@@ -312,8 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"forge: error: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:  # a run that can be continued
-        db = f" --db {shlex.quote(args.db)}" if getattr(args, "db", None) else ""
-        print(f"forge: interrupted; what finished is stored; continue with: forge optimize --resume {e.run_id}{db}",
+        print(f"forge: interrupted; what finished is stored; continue with: {resume_command(args, e.run_id)}",
               file=sys.stderr)
         return 130
     except KeyboardInterrupt:

@@ -16,12 +16,13 @@ from forge.errors import Interrupted, UserError
 from forge.evaluate.evaluator import Evaluator
 from forge.policy.base import Policy
 from forge.policy.recipes.policy import RecipePolicy
+from forge.progress import Progress
 from forge.runtime import artifact
 from forge.runtime.dispatch import KernelArtifact
 from forge.runtime.endtoend import alternate
 from forge.runtime.variants import GAIN, TRIVIAL, Measured, Variant, choose
 from forge.runtime.variants_blocks import choose_blockwise
-from forge.search.driver import Budget, Progress, TaskOutcome, search
+from forge.search.driver import Budget, TaskOutcome, search
 from forge.store import RunRecord, Store, TaskRecord
 from forge.store.recorder import StoreRecorder
 
@@ -148,6 +149,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     `layout`: the activation layout to capture and search in (forge.capture.layout; None: measured, the faster one).
     `blocks`: capture each kind of repeated block once and dispatch the kernels block by block
     (forge.capture.blocks, forge.runtime.blockwise; the model's own layout), where the model has such blocks.
+    `progress` hears the run's stages and the search's events (forge.progress; the library never prints).
     """
     with state_kept(loaded.model):  # forge's own forwards in training mode leave the running statistics as given
         return _job(loaded, store, policy, budget, Path(runs_dir), progress, resume, load, profile_out, inductor,
@@ -159,8 +161,12 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
          inductor: bool, layout: str | None, blocks: bool) -> OptimizeReport:
     """forge.job.optimize's steps (its docstring), the model's buffers restored after by the caller."""
     start = time.monotonic()
+    shown = progress or Progress()
     pol = make_policy(policy, loaded.device) if isinstance(policy, str) else policy
     stored = resumable(store, resume) if resume else None
+    seconds = Budget(**stored.config["budget"]).seconds if stored else (budget or Budget()).seconds
+    shown.start(start + seconds if seconds else None)
+    shown.stage("capture")
     prof, cap = _profile(loaded, stored, layout, blocks)
     if profile_out:
         prof.save(profile_out)
@@ -170,9 +176,12 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
         with Evaluator(loaded.device) as ev:
             share = _SEARCH_SHARE[loaded.device.split(":")[0]]
             searching = replace(budget, seconds=max(5.0, budget.seconds * share - (time.monotonic() - start)))
-            outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, progress,
+            outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, shown,
                               resume=bool(resume))
-        return _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, runs_dir, inductor)
+        shown.stage("variants")
+        report = _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, runs_dir, inductor)
+        shown.stage("done")
+        return report
     except KeyboardInterrupt as e:  # in the search or the final timing: every candidate so far is stored
         store.update_run(run.id, state="stopped", note=f"interrupted: forge optimize --resume {run.id}")
         raise Interrupted(run.id) from e

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -11,7 +12,7 @@ import time
 import pytest
 from conftest import MODELS, ROOT
 
-from forge.cli import main
+from forge.cli import build_parser, main, resume_command
 
 MODEL = MODELS / "two_tasks.py"
 
@@ -91,3 +92,40 @@ def test_resume_refuses_an_unknown_run_and_another_model(tmp_path, capsys):
     assert main(["optimize", str(MODELS / "relu_model.py"), "--resume", run.id, "--db", str(db)]) == 2
     err = capsys.readouterr().err
     assert f"run {run.id} optimized {MODEL}" in err and "relu_model.py" in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_the_exact_command_that_resumes_and_it_does(tmp_path, monkeypatch):
+    db, out = tmp_path / "f.db", tmp_path / "o.json"
+    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "optimize", str(MODEL), "--budget", "8", "--seconds",
+                             "30", "--no-inductor", "--db", str(db), "--json", str(out)], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for_evaluations(db, 2, proc)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group, worker included
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    with sqlite3.connect(db) as c:
+        (run_id, state), = c.execute("SELECT id, state FROM runs").fetchall()
+    assert proc.returncode == 130 and state == "stopped", err
+    command = f"forge optimize --resume {run_id} --db {db} --json {out} --no-inductor"
+    assert err.splitlines()[-1] == f"forge: interrupted; what finished is stored; continue with: {command}", err
+    assert "forge: probe: " in err  # the progress lines came before it
+
+    monkeypatch.chdir(tmp_path)
+    before = stored_evaluations(db)
+    assert main(shlex.split(command)[1:]) == 0  # the command as printed
+    assert json.loads(out.read_text())["run_id"] == run_id
+    assert stored_evaluations(db)[:len(before)] == before
+
+
+def test_the_resume_command_keeps_the_options_the_run_does_not_store():
+    args = build_parser().parse_args(["optimize", "m.py", "--db", "my runs/x.db", "--no-inductor", "--policy",
+                                      "openai:gpt-5", "--max-usd", "2.5", "--json", "r.json", "--seconds", "60", "-v"])
+    assert resume_command(args, "r1") == ("forge optimize --resume r1 --db 'my runs/x.db' --max-usd 2.5 --json r.json "
+                                          "--no-inductor -v")  # model, policy and budget: from the run
+    assert resume_command(build_parser().parse_args(["optimize", "--resume", "r1"]), "r1") == \
+        "forge optimize --resume r1"

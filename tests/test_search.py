@@ -151,3 +151,43 @@ def test_a_policy_hears_how_the_node_it_expands_did(tmp_path):
         assert fb.status == "ok" and fb.speedup and fb.speedup > 1.0
         assert fb.median_us == pytest.approx(100 / fb.speedup)
         assert fb.eager_us == 100.0 and fb.floor_us == 10.0 and fb.tried >= 1 and fb.best_us <= fb.median_us
+
+
+def test_the_progress_hears_the_stages_every_batch_and_each_tasks_stop_in_order(tmp_path):
+    from forge.progress import Progress
+
+    class Heard(Progress):
+        def __init__(self) -> None:
+            self.events: list[tuple] = []
+
+        def stage(self, name):
+            self.events.append(("stage", name))
+
+        def searching(self, tasks, candidates, per_task):
+            self.events.append(("searching", tuple(tasks), candidates, per_task))
+
+        def task(self, key, tried, best):
+            self.events.append(("task", key, tried, best))
+
+        def task_done(self, key, tried, best, reason):
+            self.events.append(("done", key, tried, best, reason))
+
+    syn = Synthetic({"big": (100.0, 10.0, 0.1), "fast": (100.0, 50.0, 1.0)})
+    store = Store(tmp_path / "f.db")
+    run = store.create_run("synthetic", device="cpu", policy="synthetic")
+    heard = Heard()
+    budget = Budget(candidates=10, per_task=8, min_per_task=2, parallel=2, patience=100, min_share=0.01)
+    out = {o.key: o for o in search([task("big", 0.6), task("fast", 0.3), task("tiny", 0.001)], syn, syn,
+                                    StoreRecorder(store, run.id), budget, heard)}
+    ev = heard.events
+    assert ev[:2] == [("searching", ("big", "fast"), 10, 8), ("stage", "probe")]  # searched ones, biggest first
+    probe = ev[:ev.index(("stage", "search"))]
+    assert ("task", "big", 2, pytest.approx(1.2)) in probe and ev[-1][:2] != ("stage", "search")  # then the rest
+    for key in ("big", "fast"):
+        batches = [e[2] for e in ev if e[:2] == ("task", key)]
+        assert batches == sorted(batches) and batches[-1] == out[key].candidates  # every batch, in order
+        (done,) = [e for e in ev if e[:2] == ("done", key)]  # once per searched task, after its batches
+        assert done[2:] == (out[key].candidates, pytest.approx(out[key].speedup), out[key].stop_reason)
+        assert ev.index(done) > max(i for i, e in enumerate(ev) if e[:2] == ("task", key))
+    assert ("done", "fast", 2, 2.0, "reached the roofline floor") in probe
+    assert not any("tiny" in e for e in ev)  # not searched: no events

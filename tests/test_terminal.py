@@ -2,6 +2,7 @@
 
 import io
 import json
+import logging
 import os
 import pty
 import re
@@ -10,6 +11,7 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from fcntl import ioctl
 from pathlib import Path
 
@@ -128,3 +130,56 @@ def test_version_verbose_after_the_subcommand_and_defaults_in_help(rs, capsys):
     assert main(["runs", "--db", str(rs.db), "-v"]) == 0  # the global option after the subcommand
     code, out = _cli("optimize", "--help")
     assert code == 0 and "(default: fp32)" in out and "(default: recipes)" not in out  # its text says it already
+
+
+@pytest.mark.slow
+def test_optimize_piped_prints_a_line_a_stage_and_a_task_with_the_budget_and_the_time(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "forge.cli", "optimize", str(EXAMPLES / "rmsnorm_swiglu.py"),
+                           "--budget", "4", "--seconds", "10", "--no-inductor", "--db", str(tmp_path / "f.db"),
+                           "--json", str(tmp_path / "o.json")], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("forge: ")]
+    assert "\x1b" not in proc.stderr and "\r" not in proc.stderr  # no control characters through a pipe
+    stages = [x.split()[1].rstrip(":;") for x in lines if not x.startswith("forge: task ")]
+    assert stages == ["capture", "probe", "search", "variants", "done"], lines
+    assert all(re.search(r"\(\d+:\d\d elapsed, (~\d+:\d\d left|\d+:\d\d over)\)$", x) for x in lines), lines
+    assert "budget 4 candidates, at most 4 a task" in lines[1]
+    rep = json.loads((tmp_path / "o.json").read_text())
+    searched = [t for t in rep["tasks"] if t["status"] != "not mine" and not t["stop_reason"].startswith("share")]
+    done = [x for x in lines if x.startswith("forge: task ")]
+    assert len(done) == len(searched) and searched, lines  # a line per finished task, with its share of the budget
+    for t in searched:
+        line = next(x for x in done if x.startswith(f"forge: task {t['key']}: {t['candidates']} candidates"))
+        assert re.search(r"\(\d/4 in all\); stopped: ", line) and t["stop_reason"] in line
+    n = sum(t["candidates"] for t in rep["tasks"])
+    assert f"forge: done; {n}/4 candidates (" in lines[-1]
+
+
+def test_a_terminal_shows_the_stage_the_budget_the_time_and_each_tasks_best():
+    out = io.StringIO()
+    con = Console(file=out, width=100, height=20, force_terminal=True, color_system=None)
+    handler = logging.StreamHandler(out)
+    logging.getLogger().addHandler(handler)
+    with terminal.RunProgress(con) as shown:
+        assert shown.live
+        shown.start(time.monotonic() + 60)
+        shown.stage("capture")
+        shown.searching({"softmax-3b83": 0, "rms-1a2b": 0}, 40, 16)
+        shown.stage("probe")
+        shown.task("softmax-3b83", 4, 1.77)
+        shown.task_done("rms-1a2b", 2, None, "reached the roofline floor [sic]")
+        shown.stage("search")
+        logging.getLogger("forge.test").warning("a warning [while live]")
+    assert handler.stream is out  # given back
+    logging.getLogger().removeHandler(handler)
+    text = ANSI.sub("", out.getvalue())
+    assert text.count("a warning [while live]") == 1  # once, on a line of its own above the display:
+    assert re.search(r"[\r\n]a warning \[while live\] *\n", text) and text.index("a warning") < text.rindex("search ")
+    last = text[text.rindex("search "):]  # the final frame
+    assert re.search(r"search .* 6/40 candidates +0:0\d elapsed, ~0:5\d left *\n", last), last
+    assert re.search(r"softmax-3b83 .* 4/16 +best 1.77x", last), last
+    assert re.search(r"rms-1a2b .* 2/16 +no speedup yet;", last) and "stopped: reached the" in last, last
+    assert "[sic]" in last and "…" not in last  # text, never markup; folded, never cut
+    assert "forge: " not in text  # no plain lines under the live display

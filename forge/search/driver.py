@@ -31,6 +31,7 @@ from forge.evaluate.build import build
 from forge.evaluate.evaluator import Evaluator
 from forge.kernel import Candidate, EvalResult, Feedback, TaskSpec
 from forge.policy.base import Policy
+from forge.progress import Progress
 from forge.search.mcts import FAIL, MCTS, Node, reward_of
 from forge.search.recorder import NodeRow, Recorder, TaskRow
 from forge.tasks.cut import Task
@@ -73,9 +74,6 @@ class TaskOutcome:
         return self.eager_us / self.best_us if self.eager_us and self.best_us else None
 
 
-Progress = Callable[[str, int, float | None], None]  # (task key, candidates so far, best speedup)
-
-
 def knobs_of(payload: Any) -> dict[str, Any]:
     """The stored form of a payload: a dataclass's fields, or {"payload": value} for anything else."""
     if is_dataclass(payload) and not isinstance(payload, type):
@@ -106,8 +104,11 @@ def payload_of(policy: Policy, spec: TaskSpec, knobs: dict[str, Any]) -> tuple[A
 class TaskSearch:
     """One task's tree, best kernel, eager time and floor: it can stop, wait for budget, and go on."""
 
-    def __init__(self, task: Task, policy: Policy, recorder: Recorder, rec: TaskRow) -> None:
+    def __init__(self, task: Task, policy: Policy, recorder: Recorder, rec: TaskRow,
+                 progress: Progress | None = None) -> None:
         self.task, self.policy, self.recorder, self.rec = task, policy, recorder, rec
+        self.progress = progress or Progress()
+        self.reported = False  # its stop was reported (progress.task_done)
         self.spec = TaskSpec.of(task)
         self.tree = MCTS(lambda node: policy.propose(self.spec, node.payload, self.feedback(node)))
         self.db_id: dict[int, int] = {}  # tree node id -> its recorded id
@@ -168,6 +169,18 @@ class TaskSearch:
             self.since_best += 1
 
     @property
+    def speedup(self) -> float | None:
+        """Eager over the best candidate's time, once both are measured."""
+        return self.eager_us / self.best[0] if self.best and self.eager_us else None
+
+    def halt(self, reason: str) -> None:
+        """Stop the task with `reason` (or the reason it already stopped for) and report it, once."""
+        self.stop = self.stop or reason
+        if not self.reported:
+            self.reported = True
+            self.progress.task_done(self.task.key, self.tried, self.speedup, self.stop)
+
+    @property
     def eager_us(self) -> float | None:
         """The task's eager time: the median of its paired measurements (one outlier cannot move it far)."""
         return statistics.median(self.baselines) if self.baselines else None
@@ -185,7 +198,7 @@ class TaskSearch:
             return "time"
         return None
 
-    def run(self, until: int, ev: Evaluator, deadline: float, budget: Budget, progress: Progress | None) -> None:
+    def run(self, until: int, ev: Evaluator, deadline: float, budget: Budget) -> None:
         """Evaluate batches until `until` candidates in all, or a stop condition (then `self.stop` says which)."""
         while self.stop is None and self.tried < until:
             self.stop = self.stopped(deadline, budget)
@@ -214,11 +227,11 @@ class TaskSearch:
                 except Exception:  # noqa: BLE001 - lost feedback, not a lost run
                     log.exception("policy %s failed to observe a result of task %s", self.policy.name,
                                   self.task.key)
-            if progress:
-                progress(self.task.key, self.tried, self.eager_us / self.best[0] if self.best and self.eager_us
-                         else None)
+            self.progress.task(self.task.key, self.tried, self.speedup)
         if self.stop is None:
             self.stop = self.stopped(deadline, budget)
+        if self.stop is not None:
+            self.halt(self.stop)
 
     def feedback(self, node: Node) -> Feedback:
         """The node's evaluation and the task's statistics, for the policy expanding it."""
@@ -251,7 +264,7 @@ class TaskSearch:
 
     def finish(self, ev: Evaluator, reason: str) -> TaskOutcome:
         """Record the task done and build its winner, if it beat eager by 5%."""
-        self.stop = self.stop or reason
+        self.halt(reason)
         share = self.task.share or 0.0
         if self.rec.state != "done" or self.rec.stop_reason != self.stop:
             self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)
@@ -260,7 +273,8 @@ class TaskSearch:
         library = build(best[1], ev.arch, ev.cache_dir).path if gain and best else None
         status = "improved" if gain else "no gain" if self.tried else "skipped"
         return TaskOutcome(self.task.key, self.task.family, share, self.eager_us, best[0] if best else None,
-                           self.tried, status, self.stop, best[1] if gain and best else None, library, self.floor_us)
+                           self.tried, status, self.stop or reason, best[1] if gain and best else None, library,
+                           self.floor_us)
 
 
 def _bandwidth(states: list[TaskSearch]) -> float | None:
@@ -274,6 +288,7 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
     """Search every task worth it within the budget: probe each, then by share x headroom (module docstring).
     Every task, node, result and decision goes to `recorder` (forge.store.recorder.StoreRecorder: the run
     store). With `resume`, the run's recorded tasks, trees and decisions are restored and the search goes on.
+    `progress` hears the probe and search stages, every batch and every task's stop (forge.progress).
     """
     stored = {r.key: r for r in recorder.tasks()} if resume else {}
     if stored:  # the shares the run was started with, not a new profile's
@@ -287,11 +302,14 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
         if skipped is not None:
             out[t.key] = skipped
             continue
-        s = TaskSearch(t, policy, recorder, rec)
+        s = TaskSearch(t, policy, recorder, rec, progress)
         if resume:
             s.restore()
         states.append(s)
     deadline = time.monotonic() + budget.seconds - _searched_before(states, recorder)
+    shown = progress or Progress()
+    shown.searching({s.task.key: s.tried for s in states}, budget.candidates, budget.per_task)
+    shown.stage("probe")
 
     def left() -> int:
         return budget.candidates - sum(s.tried for s in states)
@@ -300,11 +318,12 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
     for s in states:
         if s.stop is None and s.tried < budget.min_per_task:
             if left() <= 0:
-                s.stop = "run budget spent"
+                s.halt("run budget spent")
                 continue
             s.start()
-            s.run(min(budget.min_per_task, s.tried + left()), ev, deadline, budget, progress)
-    _deepen([s for s in states if s.stop is None], states, left, ev, deadline, budget, progress)
+            s.run(min(budget.min_per_task, s.tried + left()), ev, deadline, budget)
+    shown.stage("search")
+    _deepen([s for s in states if s.stop is None], states, left, ev, deadline, budget)
     for s in states:
         out[s.task.key] = s.finish(ev, "run budget spent")
     return [out[t.key] for t in ranked]
@@ -342,7 +361,7 @@ def _searched_before(states: list[TaskSearch], recorder: Recorder) -> float:
 
 
 def _deepen(live: list[TaskSearch], states: list[TaskSearch], left: Callable[[], int], ev: Evaluator,
-            deadline: float, budget: Budget, progress: Progress | None) -> None:
+            deadline: float, budget: Budget) -> None:
     """After the probe: the tasks still live, by share x headroom, each to its share of what is left (the
     weights and targets are stored, so a resumed run keeps them)."""
     if live and any("weight" not in s.meta for s in live):
@@ -356,7 +375,7 @@ def _deepen(live: list[TaskSearch], states: list[TaskSearch], left: Callable[[],
             rest = sum(x.meta["weight"] for x in live[i:])
             extra = round(max(0, left()) * s.meta["weight"] / rest) if rest > 0 else 0
             s.set_meta(target=min(budget.per_task, s.tried + extra))
-        s.run(s.meta["target"], ev, deadline, budget, progress)
+        s.run(s.meta["target"], ev, deadline, budget)
         if s.stop is None:
-            s.stop = (f"budget ({s.tried} candidates for share x headroom "
-                      f"{s.task.share or 0.0:.2f} x {s.meta['headroom']:.2f})")
+            s.halt(f"budget ({s.tried} candidates for share x headroom "
+                   f"{s.task.share or 0.0:.2f} x {s.meta['headroom']:.2f})")

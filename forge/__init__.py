@@ -19,10 +19,12 @@ _DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "
 
 
 def optimize(model: Any, example_inputs: list[Any], *, seconds: float = 300.0, budget: int = 400,
-             policy: str = "recipes", db: Any = None, runs_dir: Any = "runs", eval: bool = True) -> tuple[Any, Any]:
+             policy: str = "recipes", db: Any = None, runs_dir: Any = None, eval: bool = True) -> tuple[Any, Any]:
     """Search kernels for `model` on `example_inputs` and measure it end to end, as `forge optimize` does: every
-    candidate is stored in `db` (default runs/forge.db) and the artifact written under `runs_dir`. The device is
-    the inputs'; `eval`: put the model in inference mode first (what `forge optimize` does to a file's model).
+    candidate is stored in `db` (default $FORGE_DB, else runs/forge.db) and the artifact written to
+    `runs_dir`/<run id>/ (default $FORGE_OUT, else the SQLite store's folder, e.g. runs/; `report.artifact` is its
+    absolute path). The device is the inputs'; `eval`: put the model in inference mode first (what `forge optimize`
+    does to a file's model).
     Returns (the optimized module, or `model` where forge kept eager; the OptimizeReport)."""
     import torch
 

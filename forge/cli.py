@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("forge")
 
+DB_HELP = "the run store: a SQLite path or SQLAlchemy URL (default: $FORGE_DB if set, else runs/forge.db)"
+OUT_HELP = ("folder for the run's artifact, written to DIR/<run id>/ (default: $FORGE_OUT if set, else the folder "
+            "of the SQLite store: runs/ for the default store, /x/ for --db /x/forge.db; a resumed run: where it "
+            "started)")
+WHERE = ("where things go: the store is --db, else $FORGE_DB, else runs/forge.db (relative to the current folder); "
+         "a run's artifact is --out/<run id>/, else $FORGE_OUT/<run id>/, else next to the SQLite store. The review "
+         "commands (runs, tree, show, report, ui) and --resume find the store the same way.")
+
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="a model file (KernelBench convention: Model, get_inputs, "
@@ -132,7 +140,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                 origin="manual", status=res.status.value)
         store.add_evaluation(c.id, **evaluation_fields(res))
         store.update_run(run.id, state="done")
-        log.info("stored as run %s", run.id)
+        log.info("stored as run %s in %s", run.id, store.where)
     return 0 if res.status.passed else 1
 
 
@@ -144,7 +152,8 @@ def _policy(args: argparse.Namespace, store: Store, device: str) -> Policy:
         try:
             args.policy = store.get_run(args.replay).policy
         except KeyError:
-            raise UserError(f"no run {args.replay!r} to replay: check --db and the run id") from None
+            raise UserError(f"no run {args.replay!r} to replay in the store {store.where} (--db PATH|URL or "
+                            "FORGE_DB=PATH|URL points at another store)") from None
     if args.policy == "recipes":
         if args.max_usd is not None or args.replay or args.prices:
             raise UserError("--max-usd, --replay and --prices apply to LLM policies (e.g. --policy openai:MODEL)")
@@ -188,8 +197,11 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         console.print(f"  {key}: {n} candidates, best {best:.2f}x" if best else f"  {key}: {n} candidates")
 
     report = optimize(loaded, store, policy=pol, budget=budget, progress=progress, resume=args.resume,
-                      load=load, inductor=args.inductor, layout=layout.requested(args.layout), blocks=_blocks(args))
+                      load=load, inductor=args.inductor, layout=layout.requested(args.layout), blocks=_blocks(args),
+                      runs_dir=args.out)
     print_optimize(report)
+    print(f"run {report.run_id} stored in {store.where}; review it with: forge report {report.run_id}"
+          f"{_db_flag(args.db)}")
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
     return 0
@@ -207,7 +219,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="fp32", help="the model's dtype (with --model / --zoo)")
     p.add_argument("--backend", choices=NAMES, help="default: from the file suffix")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a hung candidate is killed")
-    p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
+    p.add_argument("--db", help=DB_HELP)
     p.add_argument("--no-store", action="store_true", help="do not record the evaluation")
     for name in ("layers", "batch", "seq", "resolution"):
         p.add_argument(f"--{name}", type=int, help=f"zoo: {name}")
@@ -217,7 +229,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="forge", description="Make PyTorch models faster by searching "
-                                     "for better GPU kernels.")
+                                     "for better GPU kernels.", epilog=WHERE)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -235,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_eval(sub)
 
-    p = sub.add_parser("optimize", help="search faster kernels for a model and measure it end to end")
+    p = sub.add_parser("optimize", help="search faster kernels for a model and measure it end to end", epilog=WHERE)
     _add_model_args(p)
     p.add_argument("--policy", default="recipes", help="recipes (offline code generator; the default), "
                    "openai:MODEL, anthropic:MODEL, openai-compatible:BASE_URL:MODEL, or recipes+ before an LLM "
@@ -258,14 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "block once and apply the kernels block by block (deep models; no whole-graph rewrites; "
                    "default: on for --zoo qwen35)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
+    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--out", metavar="DIR", help=OUT_HELP)
     p.add_argument("--resume", metavar="RUN", help="continue a stopped or killed run (its id) with its own "
                    "model, device, budget and stored candidates; none is evaluated again")
     p.set_defaults(func=cmd_optimize)
 
     from forge.review.commands import register  # runs, tree, show, report, ui
 
-    register(sub)
+    register(sub, DB_HELP, WHERE)
     for p in sub.choices.values():  # the global options after the subcommand too; each command's defaults shown
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress")
         p.formatter_class = _Help
@@ -280,6 +293,17 @@ class _Help(argparse.HelpFormatter):
         if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
+
+
+def _db_flag(db: str | None) -> str:
+    """` --db STORE` that finds the store from any folder (the SQLite file's absolute path), or "" where $FORGE_DB
+    named a database server (the environment still does)."""
+    from forge.store import resolve_url, sqlite_file
+
+    file = sqlite_file(resolve_url(db, create=False))
+    if file is not None:
+        return f" --db {shlex.quote(str(file))}"
+    return f" --db {shlex.quote(db)}" if db else ""
 
 
 def _version() -> str:
@@ -303,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"forge: error: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:  # a run that can be continued
-        db = f" --db {shlex.quote(args.db)}" if getattr(args, "db", None) else ""
+        db = _db_flag(getattr(args, "db", None))
         print(f"forge: interrupted; what finished is stored; continue with: forge optimize --resume {e.run_id}{db}",
               file=sys.stderr)
         return 130

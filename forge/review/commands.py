@@ -121,11 +121,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any, db_help: str = "store URL or SQLite path (default runs/forge.db)") -> None:
+def register(sub: Any, db_help: str = "the run store: a SQLite path or SQLAlchemy URL (default: $FORGE_DB if set, "
+             "else runs/forge.db)", epilog: str | None = None) -> None:
     """Add the review subcommands to the `forge` subparsers."""
 
     def add(name: str, help: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help)
+        p = sub.add_parser(name, help=help, epilog=epilog)
         p.add_argument("--db", help=db_help)
         p.set_defaults(func=func)
         return p

@@ -46,8 +46,8 @@ def open_store(db: str | Path | None) -> Store:
     url = resolve_url(db, create=False)
     file = sqlite_file(url)
     if file is not None and not file.is_file():
-        named = " (named by $FORGE_DB)" if db is None and os.environ.get(ENV) else ""
-        raise FileNotFoundError(f"no run store at {file}{named} ({ELSEWHERE})")
+        named = "named by $FORGE_DB; " if db is None and os.environ.get(ENV) else ""
+        raise FileNotFoundError(f"no run store at {file} ({named}{ELSEWHERE})")
     return Store(url)
 
 

@@ -166,6 +166,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     """forge optimize: search kernels for every task and measure the model end to end."""
     import json
 
+    from rich.text import Text
+
     from forge import terminal
     from forge.capture import layout
     from forge.job import optimize
@@ -200,8 +202,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                       load=load, inductor=args.inductor, layout=layout.requested(args.layout), blocks=_blocks(args),
                       runs_dir=args.out)
     print_optimize(report)
-    print(f"run {report.run_id} stored in {store.where}; review it with: forge report {report.run_id}"
-          f"{_db_flag(args.db)}")
+    out = terminal.console()  # folds at a terminal's width; piped, one line each
+    out.print(Text(f"run {report.run_id} stored in {store.where}"), overflow="fold")
+    out.print(Text(f"review it with: forge report {report.run_id}{_db_flag(args.db)}"), overflow="fold")
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
     return 0

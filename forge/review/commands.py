@@ -116,7 +116,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         store = _store(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: anyone who can reach it can read every run", args.host)
-    print(f"forge ui: http://{args.host}:{args.port}/ (Ctrl-C stops)")
+    print(f"forge ui: http://{args.host}:{args.port}/ serving the store {store.where} (Ctrl-C stops)")
     uvicorn.run(create_app(store), host=args.host, port=args.port, log_level="warning")
     return 0
 

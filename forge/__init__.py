@@ -19,13 +19,14 @@ _DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "
 
 
 def optimize(model: Any, example_inputs: list[Any], *, seconds: float = 300.0, budget: int = 400,
-             policy: str = "recipes", db: Any = None, runs_dir: Any = "runs", eval: bool = False) -> tuple[Any, Any]:
+             policy: str = "recipes", db: Any = None, runs_dir: Any = None, eval: bool = False) -> tuple[Any, Any]:
     """Search kernels for `model` on `example_inputs` and measure it end to end, as `forge optimize` does: every
-    candidate is stored in `db` (default runs/forge.db) and the artifact written under `runs_dir`. The device is
-    the inputs'. The model is optimized in the mode it is in (a new nn.Module's is training: BatchNorm on the
-    batch's statistics), and its buffers are left as they were; `eval=True` puts it in inference mode first
-    (`forge optimize --eval`). The report's `mode` says which. Returns (the optimized module, or `model` where
-    forge kept eager; the OptimizeReport)."""
+    candidate is stored in `db` (default $FORGE_DB, else runs/forge.db) and the artifact written to
+    `runs_dir`/<run id>/ (default $FORGE_OUT, else the SQLite store's folder, e.g. runs/; `report.artifact` is its
+    absolute path). The device is the inputs'. The model is optimized in the mode it is in (a new nn.Module's is
+    training: BatchNorm on the batch's statistics), and its buffers are left as they were; `eval=True` puts it in
+    inference mode first (`forge optimize --eval`). The report's `mode` says which. Returns (the optimized
+    module, or `model` where forge kept eager; the OptimizeReport)."""
     import torch
 
     from forge.capture.model_input import LoadedModel, check_device

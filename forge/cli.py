@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("forge")
 
+DB_HELP = "the run store: a SQLite path or SQLAlchemy URL (default: $FORGE_DB if set, else runs/forge.db)"
+OUT_HELP = ("folder for the run's artifact, written to DIR/<run id>/ (default: $FORGE_OUT if set, else the folder "
+            "of the SQLite store: runs/ for the default store, /x/ for --db /x/forge.db; a resumed run: where it "
+            "started)")
+WHERE = ("where things go: the store is --db, else $FORGE_DB, else runs/forge.db (relative to the current folder); "
+         "a run's artifact is --out/<run id>/, else $FORGE_OUT/<run id>/, else next to the SQLite store. The review "
+         "commands (runs, tree, show, report, ui) and --resume find the store the same way.")
+
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="a model file (KernelBench convention: Model, get_inputs, "
@@ -139,7 +147,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                 origin="manual", status=res.status.value)
         store.add_evaluation(c.id, **evaluation_fields(res))
         store.update_run(run.id, state="done")
-        log.info("stored as run %s", run.id)
+        log.info("stored as run %s in %s", run.id, store.where)
     return 0 if res.status.passed else 1
 
 
@@ -151,7 +159,8 @@ def _policy(args: argparse.Namespace, store: Store, device: str) -> Policy:
         try:
             args.policy = store.get_run(args.replay).policy
         except KeyError:
-            raise UserError(f"no run {args.replay!r} to replay: check --db and the run id") from None
+            raise UserError(f"no run {args.replay!r} to replay in the store {store.where} (--db PATH|URL or "
+                            "FORGE_DB=PATH|URL points at another store)") from None
     if args.policy == "recipes":
         if args.max_usd is not None or args.replay or args.prices:
             raise UserError("--max-usd, --replay and --prices apply to LLM policies (e.g. --policy openai:MODEL)")
@@ -163,6 +172,8 @@ def _policy(args: argparse.Namespace, store: Store, device: str) -> Policy:
 def cmd_optimize(args: argparse.Namespace) -> int:
     """forge optimize: search kernels for every task and measure the model end to end."""
     import json
+
+    from rich.text import Text
 
     from forge import terminal
     from forge.capture import layout
@@ -192,8 +203,12 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     load = {"file": str(Path(args.model).resolve()) if args.model else None, "zoo": args.zoo, "sizes": sizes}
     with terminal.RunProgress(terminal.console(stderr=True)) as shown:  # live on a terminal, lines when piped
         report = optimize(loaded, store, policy=pol, budget=budget, progress=shown, resume=args.resume, load=load,
-                          inductor=args.inductor, layout=layout.requested(args.layout), blocks=_blocks(args))
+                          inductor=args.inductor, layout=layout.requested(args.layout), blocks=_blocks(args),
+                          runs_dir=args.out)
     print_optimize(report)
+    out = terminal.console()  # folds at a terminal's width; piped, one line each
+    out.print(Text(f"run {report.run_id} stored in {store.where}"), overflow="fold")
+    out.print(Text(f"review it with: forge report {report.run_id}{_db_flag(args.db)}"), overflow="fold")
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
     return 0
@@ -203,8 +218,8 @@ def resume_command(args: argparse.Namespace, run_id: str) -> str:
     """The command that continues run `run_id` as it was started: --resume with the options the run does not
     store (--db, --no-inductor, the LLM's --max-usd, --prices and --replay, --json, -v); model, device, dtype,
     policy, budget, layout and blocks come from the run."""
-    words = ["forge", "optimize", "--resume", run_id]
-    for opt in ("db", "max_usd", "prices", "replay", "json"):
+    words = ["forge", "optimize", "--resume", run_id, *shlex.split(_db_flag(getattr(args, "db", None)))]
+    for opt in ("max_usd", "prices", "replay", "json"):
         if getattr(args, opt, None) is not None:
             words += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
     if not getattr(args, "inductor", True):
@@ -226,7 +241,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="fp32", help="the model's dtype (with --model / --zoo)")
     p.add_argument("--backend", choices=NAMES, help="default: from the file suffix")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before a hung candidate is killed")
-    p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
+    p.add_argument("--db", help=DB_HELP)
     p.add_argument("--no-store", action="store_true", help="do not record the evaluation")
     for name in ("layers", "batch", "seq", "resolution"):
         p.add_argument(f"--{name}", type=int, help=f"zoo: {name}")
@@ -237,7 +252,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="forge", description="Make PyTorch models faster by searching "
-                                     "for better GPU kernels.")
+                                     "for better GPU kernels.", epilog=WHERE)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
@@ -255,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_eval(sub)
 
-    p = sub.add_parser("optimize", help="search faster kernels for a model and measure it end to end")
+    p = sub.add_parser("optimize", help="search faster kernels for a model and measure it end to end", epilog=WHERE)
     _add_model_args(p)
     p.add_argument("--policy", default="recipes", help="recipes (offline code generator; the default), "
                    "openai:MODEL, anthropic:MODEL, openai-compatible:BASE_URL:MODEL, or recipes+ before an LLM "
@@ -278,14 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "block once and apply the kernels block by block (deep models; no whole-graph rewrites; "
                    "default: on for --zoo qwen35)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    p.add_argument("--db", help="store URL or SQLite path (default runs/forge.db)")
+    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--out", metavar="DIR", help=OUT_HELP)
     p.add_argument("--resume", metavar="RUN", help="continue a stopped or killed run (its id) with its own "
                    "model, device, budget and stored candidates; none is evaluated again")
     p.set_defaults(func=cmd_optimize)
 
     from forge.review.commands import register  # runs, tree, show, report, ui
 
-    register(sub)
+    register(sub, DB_HELP, WHERE)
     for p in sub.choices.values():  # the global options after the subcommand too; each command's defaults shown
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress")
         p.formatter_class = _Help
@@ -300,6 +316,17 @@ class _Help(argparse.HelpFormatter):
         if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
+
+
+def _db_flag(db: str | None) -> str:
+    """` --db STORE` that finds the store from any folder (the SQLite file's absolute path), or "" where $FORGE_DB
+    named a database server (the environment still does)."""
+    from forge.store import resolve_url, sqlite_file
+
+    file = sqlite_file(resolve_url(db, create=False))
+    if file is not None:
+        return f" --db {shlex.quote(str(file))}"
+    return f" --db {shlex.quote(db)}" if db else ""
 
 
 def _version() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -108,7 +109,8 @@ def resumable(store: Store, run_id: str) -> RunRecord:
     try:
         run = store.get_run(run_id)
     except KeyError:
-        raise UserError(f"no run {run_id!r} in {store!r}: check --db and the run id") from None
+        raise UserError(f"no run {run_id!r} in the store {store.where} (forge runs lists its runs; --db PATH|URL or "
+                        "FORGE_DB=PATH|URL points at another store)") from None
     if run.state == "done":
         raise UserError(f"run {run_id} already finished ({run.finished_at:%Y-%m-%d %H:%M}, eager "
                         f"{run.eager_ms or 0:.3f} ms, forge {run.forge_ms or 0:.3f} ms); nothing to resume")
@@ -116,6 +118,26 @@ def resumable(store: Store, run_id: str) -> RunRecord:
         raise UserError(f"run {run_id} was not made by forge optimize ({run.policy or 'no policy'}); "
                         "only optimize runs resume")
     return run
+
+
+OUT_ENV = "FORGE_OUT"  # the folder of the runs' artifacts when no --out (runs_dir=) is given
+
+
+def artifacts_root(store: Store, out: str | Path | None = None) -> Path:
+    """Where a run's artifact folder goes, absolute: `out`, else $FORGE_OUT, else the folder of the SQLite store
+    (runs/ for the default runs/forge.db, /x/ for /x/forge.db), else (a database server) runs/ here."""
+    out = out or os.environ.get(OUT_ENV) or (store.file.parent if store.file is not None else "runs")
+    return Path(out).expanduser().resolve()
+
+
+def _artifact_folder(store: Store, run: RunRecord, out: str | Path | None) -> Path:
+    """The run's artifact folder, recorded in its config: a resumed run keeps the one it started with unless
+    `out` is given."""
+    stored = run.config.get("artifact")
+    folder = Path(stored) if stored and not out else artifacts_root(store, out) / run.id
+    if str(folder) != stored:
+        store.update_run(run.id, config={**run.config, "artifact": str(folder)})
+    return folder
 
 
 def _check_same_model(run: RunRecord, loaded: LoadedModel, keys: set[str], tasks: list[TaskRecord]) -> None:
@@ -137,13 +159,15 @@ def _check_same_model(run: RunRecord, loaded: LoadedModel, keys: set[str], tasks
 
 
 def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recipes", budget: Budget | None = None,
-             runs_dir: str | Path = "runs", progress: Progress | None = None, resume: str | None = None,
+             runs_dir: str | Path | None = None, progress: Progress | None = None, resume: str | None = None,
              load: dict[str, Any] | None = None, profile_out: str | Path | None = None,
              inductor: bool = True, layout: str | None = None, blocks: bool = False) -> OptimizeReport:
     """The whole job; every candidate and evaluation is stored as it happens.
 
     `resume` continues a stopped or killed run (its id) with its stored budget, trees and decisions; no
     stored candidate is evaluated again. `load` (how the model was loaded) is kept in the run's config.
+    `runs_dir`: the artifact goes to runs_dir/<run id>/ (None: see `artifacts_root`; a resumed run: where it started
+    to go); the run's config records that folder as `artifact`.
     `profile_out`: also write the profile the search starts from (forge profile's JSON) there.
     `inductor`: also measure the result compiled by torch.compile (forge.runtime.variants); the fastest variant wins.
     `layout`: the activation layout to capture and search in (forge.capture.layout; None: measured, the faster one).
@@ -152,11 +176,11 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     `progress` hears the run's stages and the search's events (forge.progress; the library never prints).
     """
     with state_kept(loaded.model):  # forge's own forwards in training mode leave the running statistics as given
-        return _job(loaded, store, policy, budget, Path(runs_dir), progress, resume, load, profile_out, inductor,
+        return _job(loaded, store, policy, budget, runs_dir, progress, resume, load, profile_out, inductor,
                     layout, blocks)
 
 
-def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget | None, runs_dir: Path,
+def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget | None, runs_dir: str | Path | None,
          progress: Progress | None, resume: str | None, load: dict[str, Any] | None, profile_out: str | Path | None,
          inductor: bool, layout: str | None, blocks: bool) -> OptimizeReport:
     """forge.job.optimize's steps (its docstring), the model's buffers restored after by the caller."""
@@ -171,6 +195,7 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
     if profile_out:
         prof.save(profile_out)
     run, budget = _started(store, stored, loaded, prof, pol, budget, load, cap.layout if cap else "", cap is None)
+    folder = _artifact_folder(store, run, runs_dir)
     pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
         with Evaluator(loaded.device) as ev:
@@ -179,7 +204,7 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, shown,
                               resume=bool(resume))
         shown.stage("variants")
-        report = _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, runs_dir, inductor)
+        report = _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, folder, inductor)
         shown.stage("done")
         return report
     except KeyboardInterrupt as e:  # in the search or the final timing: every candidate so far is stored
@@ -215,7 +240,7 @@ def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: 
 
 
 def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof: Profile, cap: Capture | None,
-            outcomes: tuple[TaskOutcome, ...], budget: Budget, start: float, runs_dir: Path,
+            outcomes: tuple[TaskOutcome, ...], budget: Budget, start: float, folder: Path,
             inductor: bool) -> OptimizeReport:
     """The searched kernels' variants measured end to end, the fastest saved as the run's artifact (eager's
     when none beats it), the run finished in the store, and the report."""
@@ -223,7 +248,7 @@ def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof
     kernels = [KernelArtifact(o.key, o.best.backend, o.library, o.best.entry, by_key[o.key].inputs,
                               by_key[o.key].outputs, by_key[o.key].source, o.best.source)
                for o in outcomes if o.best is not None and o.library]
-    folder, layout = runs_dir / run.id, cap.layout if cap else ""
+    layout = cap.layout if cap else ""
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
             "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype, "layout": layout,
             "mode": loaded.mode}

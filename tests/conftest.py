@@ -10,6 +10,13 @@ EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"
 
 
+@pytest.fixture(autouse=True)
+def _no_forge_env(monkeypatch):
+    """A FORGE_DB or FORGE_OUT in the caller's environment would move every test's store and artifacts."""
+    monkeypatch.delenv("FORGE_DB", raising=False)
+    monkeypatch.delenv("FORGE_OUT", raising=False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return

@@ -116,16 +116,17 @@ def cmd_ui(args: argparse.Namespace) -> int:
         store = _store(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: anyone who can reach it can read every run", args.host)
-    print(f"forge ui: http://{args.host}:{args.port}/ (Ctrl-C stops)")
+    print(f"forge ui: http://{args.host}:{args.port}/ serving the store {store.where} (Ctrl-C stops)")
     uvicorn.run(create_app(store), host=args.host, port=args.port, log_level="warning")
     return 0
 
 
-def register(sub: Any, db_help: str = "store URL or SQLite path (default runs/forge.db)") -> None:
+def register(sub: Any, db_help: str = "the run store: a SQLite path or SQLAlchemy URL (default: $FORGE_DB if set, "
+             "else runs/forge.db)", epilog: str | None = None) -> None:
     """Add the review subcommands to the `forge` subparsers."""
 
     def add(name: str, help: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help)
+        p = sub.add_parser(name, help=help, epilog=epilog)
         p.add_argument("--db", help=db_help)
         p.set_defaults(func=func)
         return p

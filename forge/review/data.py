@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import statistics
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from forge.store import (
-    DEFAULT_PATH,
+    ENV,
     CandidateRecord,
     EvaluationRecord,
     LLMCallRecord,
@@ -26,6 +27,8 @@ from forge.store import (
     RunRecord,
     Store,
     TaskRecord,
+    resolve_url,
+    sqlite_file,
 )
 
 log = logging.getLogger(__name__)
@@ -34,17 +37,22 @@ IMPROVED = 1.05  # the search ships a task's winner only when best < eager / 1.0
 OTHER = "other"  # model time outside the stored tasks (tasks below --min-share are not stored)
 
 
+ELSEWHERE = "--db PATH|URL or FORGE_DB=PATH|URL points at another store"
+
+
 def open_store(db: str | Path | None) -> Store:
-    """Open an existing store for reading; raise FileNotFoundError rather than create an empty one."""
-    if db is None or "://" not in str(db):
-        path = Path(db) if db is not None else Path(DEFAULT_PATH)
-        if not path.is_file():
-            raise FileNotFoundError(f"no run store at {path} (pass --db PATH or URL)")
-    return Store(db)
+    """Open an existing store for reading (`db`, else $FORGE_DB, else runs/forge.db); raise FileNotFoundError
+    rather than create an empty one."""
+    url = resolve_url(db, create=False)
+    file = sqlite_file(url)
+    if file is not None and not file.is_file():
+        named = "named by $FORGE_DB; " if db is None and os.environ.get(ENV) else ""
+        raise FileNotFoundError(f"no run store at {file} ({named}{ELSEWHERE})")
+    return Store(url)
 
 
 def find_run(store: Store, ref: str) -> RunRecord:
-    """The run with this id, unique id prefix, or "last"; KeyError otherwise."""
+    """The run with this id, unique id prefix, or "last"; KeyError (naming the store searched) otherwise."""
     try:
         return store.get_run(ref)
     except KeyError:
@@ -55,7 +63,7 @@ def find_run(store: Store, ref: str) -> RunRecord:
     matches = [r for r in runs if r.id.startswith(ref)]
     if len(matches) != 1:
         what = "no run" if not matches else f"{len(matches)} runs"
-        raise KeyError(f"{what} matching {ref!r} (forge runs lists them)")
+        raise KeyError(f"{what} matching {ref!r} in the store {store.where} (forge runs lists them; {ELSEWHERE})")
     return matches[0]
 
 

@@ -28,6 +28,7 @@ def report_json(view: RunView) -> dict[str, Any]:
         "run_id": r.id, "model": r.model, "device": r.device, "dtype": r.dtype, "policy": r.policy, "state": r.state,
         "created_at": r.created_at.isoformat(), "finished_at": r.finished_at.isoformat() if r.finished_at else None,
         "eager_ms": r.eager_ms, "forge_ms": r.forge_ms, "speedup": s.speedup, "applied": s.applied,
+        "artifact": r.config.get("artifact"),
         "tasks": [{"id": t.task.id, "key": t.task.key, "family": t.task.family, "count": t.task.count,
                    "ms": t.task.ms, "share": t.task.share, "state": t.task.state, "stop_reason": t.task.stop_reason,
                    "eager_us": t.eager_us, "best_us": t.best_us, "speedup": t.speedup, "best_node": t.best_id,
@@ -81,6 +82,8 @@ def print_report(view: RunView, console: Console | None = None) -> None:
         if not s.applied:
             line.append(" (forge kept the eager model)")
         console.print(line)
+    if r.config.get("artifact"):  # absolute (runs before 2026-12 did not record it)
+        console.print(Text(f"artifact: {r.config['artifact']}"))
     cols = [Col("task"), Col("family"), *(Col(c, True) for c in ("share", "eager us", "best us", "speedup", "tried",
                                                                     "failed")), Col("curve"), Col("stopped")]
     rows = [[Text(t.task.key), Text(t.task.family), f"{100 * (t.task.share or 0):.1f}%", html.fmt_num(t.eager_us, 1),

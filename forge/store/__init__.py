@@ -5,7 +5,7 @@ Everything it hands out is a small frozen dataclass, so no other module sees SQL
 
 from .base import new_run_id
 from .core import Store
-from .engine import DEFAULT_PATH, resolve_url
+from .engine import DEFAULT_PATH, ENV, describe, locate, resolve_url, sqlite_file
 from .records import (
     BACKENDS,
     RUN_STATES,
@@ -20,6 +20,7 @@ from .records import (
 __all__ = [
     "BACKENDS",
     "DEFAULT_PATH",
+    "ENV",
     "RUN_STATES",
     "CandidateRecord",
     "EvaluationRecord",
@@ -28,6 +29,9 @@ __all__ = [
     "RunRecord",
     "Store",
     "TaskRecord",
+    "describe",
+    "locate",
     "new_run_id",
     "resolve_url",
+    "sqlite_file",
 ]

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from .engine import make_engines, resolve_url
+from .engine import describe, make_engines, resolve_url, sqlite_file
 from .models import Base, utcnow
 from .records import RUN_STATES
 
@@ -62,8 +62,10 @@ class StoreBase:
     """Engines, sessions and lookups shared by every Store method."""
 
     def __init__(self, url: str | Path | None = None) -> None:
-        """Open (creating if needed) the store at url; None means SQLite at runs/forge.db."""
+        """Open (creating if needed) the store at url; None means $FORGE_DB, else SQLite at runs/forge.db."""
         self.url = resolve_url(url)
+        self.file: Path | None = sqlite_file(self.url)  # the SQLite file (absolute), None for another database
+        self.where = describe(self.url)  # for messages: that file, or the URL without its password
         self._reader, self._writer = make_engines(self.url)
         with self._writer.begin() as conn:
             Base.metadata.create_all(conn)

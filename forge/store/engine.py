@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,26 +13,52 @@ from sqlalchemy.engine import make_url
 log = logging.getLogger(__name__)
 
 DEFAULT_PATH = Path("runs") / "forge.db"
+ENV = "FORGE_DB"  # the store's URL or SQLite path when no --db (db=) is given
 BUSY_TIMEOUT_MS = 30_000
 WRITE_OPTION = "forge_write"
 
 
-def resolve_url(url: str | Path | None) -> str:
-    """Return a SQLAlchemy URL: None means runs/forge.db, a plain path becomes sqlite:///PATH."""
-    if url is None:
-        url = DEFAULT_PATH
+def locate(url: str | Path | None) -> str | Path:
+    """The store asked for: `url` if given, else $FORGE_DB if set, else runs/forge.db (the same for every command)."""
+    if url is not None and str(url) != "":
+        return url
+    return os.environ.get(ENV) or DEFAULT_PATH
+
+
+def resolve_url(url: str | Path | None, create: bool = True) -> str:
+    """Return a SQLAlchemy URL for `locate(url)`: a plain path becomes sqlite:///ABSOLUTE-PATH.
+
+    `create`: make the SQLite file's folder (a reader passes False and checks `sqlite_file` exists instead).
+    """
+    url = locate(url)
     text = str(url)
     if isinstance(url, Path) or "://" not in text:
-        path = Path(text).expanduser()
-        if text != ":memory:":
-            path = path.resolve()
+        if text == ":memory:":
+            return "sqlite:///:memory:"
+        path = Path(text).expanduser().resolve()
+        if create:
             path.parent.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{path}"
-    parsed = make_url(text)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        if not parsed.database.startswith("file:"):
-            Path(parsed.database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+    file = sqlite_file(text)
+    if create and file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
     return text
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The absolute path of the SQLite file a resolved URL names; None for another database or one in memory."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    if parsed.database.startswith("file:"):  # a URI filename: file:PATH?options
+        return Path(parsed.database[5:].split("?", 1)[0]).expanduser().resolve()
+    return Path(parsed.database).expanduser().resolve()
+
+
+def describe(url: str) -> str:
+    """Where a resolved store lives, for messages: the SQLite file's absolute path, or the URL without password."""
+    file = sqlite_file(url)
+    return str(file) if file is not None else make_url(url).render_as_string(hide_password=True)
 
 
 def _sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:

@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import MODELS, ROOT
@@ -125,7 +126,9 @@ def test_ctrl_c_says_the_exact_command_that_resumes_and_it_does(tmp_path, monkey
 def test_the_resume_command_keeps_the_options_the_run_does_not_store():
     args = build_parser().parse_args(["optimize", "m.py", "--db", "my runs/x.db", "--no-inductor", "--policy",
                                       "openai:gpt-5", "--max-usd", "2.5", "--json", "r.json", "--seconds", "60", "-v"])
-    assert resume_command(args, "r1") == ("forge optimize --resume r1 --db 'my runs/x.db' --max-usd 2.5 --json r.json "
+    store = shlex.quote(str(Path.cwd() / "my runs" / "x.db"))  # absolute: the command works from any folder
+    assert resume_command(args, "r1") == (f"forge optimize --resume r1 --db {store} --max-usd 2.5 --json r.json "
                                           "--no-inductor -v")  # model, policy and budget: from the run
+    default = shlex.quote(str(Path.cwd() / "runs" / "forge.db"))
     assert resume_command(build_parser().parse_args(["optimize", "--resume", "r1"]), "r1") == \
-        "forge optimize --resume r1"
+        f"forge optimize --resume r1 --db {default}"

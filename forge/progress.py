@@ -3,7 +3,8 @@
 Important: the library (forge.job, forge.search) never prints; it calls a `Progress` it is given. The CLI's
 forge.terminal.RunProgress shows the events (a live display on a terminal, plain lines when piped).
 
-The events of a run, in order: `start` once; `stage("capture")` (capture and profile); `stage("probe")`
+The events of a run, in order: `start` once; `stage("capture")` (capture and profile); on a GPU
+`stage("compile")` (torch.compile's result for the model, measured before the search); `stage("probe")`
 (each task's first candidates) and `stage("search")` (the rest of the budget), with `searching` before
 the probe, `task` after every evaluated batch and `task_done` once per searched task; `stage("variants")`
 (the found kernels' variants timed end to end); `stage("done")`.
@@ -11,7 +12,7 @@ the probe, `task` after every evaluated batch and `task_done` once per searched 
 
 from __future__ import annotations
 
-STAGES = ("capture", "probe", "search", "variants", "done")
+STAGES = ("capture", "compile", "probe", "search", "variants", "done")
 
 
 class Progress:

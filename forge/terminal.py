@@ -169,6 +169,7 @@ class RunProgress(Progress):
     def stage(self, name: str) -> None:
         n, of = self.done(), self.candidates
         lines = {"capture": "capture and profile the model",
+                 "compile": "compile: the model by torch.compile, timed (the floor forge's result must beat)",
                  "probe": f"probe: {len(self.tried)} tasks to search, the first candidates of each; budget {of} "
                           f"candidates, at most {self.per_task} a task",
                  "search": f"search: the rest by share x headroom; {n}/{of} candidates so far",

@@ -1,5 +1,7 @@
 """Whole-graph rewrites and variants: outputs match eager on odd sizes, tails and non-contiguous strides."""
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -7,7 +9,7 @@ from torch import nn
 from forge.runtime.dispatch import apply
 from forge.runtime.rewrite_base import Graph, Rewrite, is_op
 from forge.runtime.rewrites import REWRITES, parse, rewrite
-from forge.runtime.variants import RUNTIMES, Variant, choose, measure
+from forge.runtime.variants import RUNTIMES, Variant, choose, measure, measure_floor, time_of
 
 aten = torch.ops.aten
 
@@ -384,3 +386,23 @@ def test_on_cuda_a_chain_starts_on_the_faster_runtime_and_its_compiled_end_follo
     # on the CPU there is one runtime to measure
     m, rt = first_step(_timed({"graph": 1.0}), True, cuda=False)
     assert (m.variant.runtime, rt) == ("graph", "inductor")
+
+
+def test_the_floor_measured_ahead_is_not_measured_again_and_paces_the_next_compilation():
+    torch.manual_seed(5)
+    model, x = Projections().eval(), torch.randn(3, 4, 19)
+    tried, seconds = measure_floor(model, [x], "cpu")  # what forge optimize does on a GPU before the search
+    assert [m.variant.name for m in tried] == ["eager graph, graph", "model, inductor"] and seconds > 0
+    floor = tried[-1]
+    assert floor.ok and floor.match
+
+    def compiled(seen: list) -> list:
+        return [m for m in seen if m.variant.runtime.startswith("inductor")]
+
+    # the next compilation would end after `finish` (judged by the floor's time): none starts
+    best, seen = choose(model, [x], [], "cpu", finish=time.monotonic() + seconds / 2, ahead=(list(tried), seconds))
+    assert compiled(seen) == [floor] and best.ok and time_of(best) <= time_of(floor)
+    assert sum(m is tried[0] for m in seen) == 1  # the chain's first step, not measured again
+    # time for it: the chain's end compiled next (merge-linears pays only compiled here, or the chain kept it)
+    _, seen = choose(model, [x], [], "cpu", finish=time.monotonic() + 100 * seconds, ahead=(list(tried), seconds))
+    assert compiled(seen)[0] is floor and len(compiled(seen)) >= 2

@@ -16,10 +16,12 @@ torch.compile is what decides whether the mix pays (benchmarks/models.py measure
 from __future__ import annotations
 
 import logging
+import types
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from forge.bench import BenchConfig, Clock, interleaved
 from forge.evaluate.verify import generator, make_input
@@ -83,3 +85,44 @@ def compile_with(model: torch.nn.Module, inputs: list[Any], kernels: list[Kernel
         patched = apply(model, inputs, [k for k in kernels if k.key in won - unused])
         compiled = torch.compile(patched, **compile_kw)
     return compiled, patched
+
+
+class _Call(torch.nn.Module):
+    """The user's model behind a forward of forge's (which Compiled gives its own code object)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: Any) -> Any:
+        with torch.no_grad():  # inference, as every other variant (and what was measured)
+            return self.model(*inputs)
+
+
+class Compiled(torch.nn.Module):
+    """A module (the patched one, or the model) compiled by torch.compile, called as eager is: with Inductor's
+    CUDA graphs the outputs of a call are overwritten by the next replay, so they are cloned out (as forge's
+    own CUDA graph does). `counters()` are the kernels' of `opt` (they run as the op `forge::kernel` inside
+    the compiled graph; none for the model itself)."""
+
+    def __init__(self, target: torch.nn.Module, opt: OptimizedModule | None, cuda_graphs: bool) -> None:
+        super().__init__()
+        self.opt, self.cuda_graphs = opt, cuda_graphs
+        # A forward of its own: torch.compile caches compilations on the code object, and every
+        # OptimizedModule shares one, so a process that compiled eight of them would hit Dynamo's recompile
+        # limit and run the ninth uncompiled.
+        f = type(target).forward
+        target.forward = types.MethodType(types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__,
+                                                             f.__defaults__, f.__closure__), target)
+        self.target = target
+        self.compiled = torch.compile(target, mode="reduce-overhead" if cuda_graphs else None, dynamic=False)
+
+    def forward(self, *inputs: Any) -> Any:
+        out = self.compiled(*inputs)
+        if self.cuda_graphs:
+            out = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+        return out
+
+    def counters(self) -> dict[str, Any]:
+        """Per task key: hits and fallbacks (by reason) of the kernels inside."""
+        return self.opt.counters() if self.opt is not None else {}

@@ -19,6 +19,8 @@ the BatchNorm folded first, and folding alone may not pay) where the chain did n
 time is left, the end of each chain is compiled by Inductor, the chain without kernels first, with the
 rewrites that pay only compiled (`Rewrite.pays_compiled`: attention as GEMMs around a softmax, whose
 passes Inductor fuses) added where they applied; then the chain ends without them, time permitting.
+The first compiled is always the model itself (torch.compile's result, the floor); forge optimize on a GPU
+measures it before the search (`measure_floor`), so that it does not take the time of the ones after it.
 A compiled variant whose kernels fell back to eager (Inductor handed them another layout than the one
 they were verified for, as it does the SD3.5 VAE's GroupNorms) is not what it says and fails; it is tried
 again without those kernels (`Variant.without`, "kernels (less N)"), as long as any are left and time
@@ -33,16 +35,15 @@ from __future__ import annotations
 import gc
 import logging
 import time
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from forge.capture.export import Capture, capture
 from forge.runtime.blockwise import BlockwiseModule, apply_blockwise
+from forge.runtime.compiled import Compiled, _Call
 from forge.runtime.dispatch import KernelArtifact, OptimizedModule, _views_to_reshapes, apply
 from forge.runtime.endtoend import fresh_inputs, interleaved_ms, outputs_match
 from forge.runtime.result import ForgeModel
@@ -165,47 +166,6 @@ def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
         return ForgeModel(Compiled(opt, opt, variant.runtime == "inductor-cuda-graph"), model, opt, None,
                           derived), opt, sites
     return ForgeModel(opt, model, opt, None if variant.rewrites else opt.reread, derived), opt, sites
-
-
-class _Call(torch.nn.Module):
-    """The user's model behind a forward of forge's (which Compiled gives its own code object)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, *inputs: Any) -> Any:
-        with torch.no_grad():  # inference, as every other variant (and what was measured)
-            return self.model(*inputs)
-
-
-class Compiled(torch.nn.Module):
-    """A module (the patched one, or the model) compiled by torch.compile, called as eager is: with Inductor's
-    CUDA graphs the outputs of a call are overwritten by the next replay, so they are cloned out (as forge's
-    own CUDA graph does). `counters()` are the kernels' of `opt` (they run as the op `forge::kernel` inside
-    the compiled graph; none for the model itself)."""
-
-    def __init__(self, target: torch.nn.Module, opt: OptimizedModule | None, cuda_graphs: bool) -> None:
-        super().__init__()
-        self.opt, self.cuda_graphs = opt, cuda_graphs
-        # A forward of its own: torch.compile caches compilations on the code object, and every
-        # OptimizedModule shares one, so a process that compiled eight of them would hit Dynamo's recompile
-        # limit and run the ninth uncompiled.
-        f = type(target).forward
-        target.forward = types.MethodType(types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__,
-                                                             f.__defaults__, f.__closure__), target)
-        self.target = target
-        self.compiled = torch.compile(target, mode="reduce-overhead" if cuda_graphs else None, dynamic=False)
-
-    def forward(self, *inputs: Any) -> Any:
-        out = self.compiled(*inputs)
-        if self.cuda_graphs:
-            out = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
-        return out
-
-    def counters(self) -> dict[str, Any]:
-        """Per task key: hits and fallbacks (by reason) of the kernels inside."""
-        return self.opt.counters() if self.opt is not None else {}
 
 
 def _peak_ratio(fn: Callable[..., Any], model: torch.nn.Module, inputs: list[Any], base: int) -> float | None:
@@ -341,23 +301,45 @@ def may_compile(now: float, last: float, deadline: float | None, finish: float |
     return deadline is None or now <= deadline
 
 
+def measure_floor(model: torch.nn.Module, inputs: list[Any], device: str, cap: Capture | None = None
+                  ) -> tuple[list[Measured], float]:
+    """What torch.compile makes of the model, measured ahead of the search (choose's floor, on the runtime
+    the chain without kernels would start on): (the measurements made, the seconds its compilation and timing
+    took). Ahead, because on a reference model it takes as long as the compilation that can beat it (51-63 s
+    on Gemma 4 on an H200): measured after the search, the two no longer fitted in 300 s (0d9eb0b, dda6433)."""
+    cap = cap or capture(model, inputs)
+    tried: list[Measured] = []
+
+    def run(v: Variant, need: str = "") -> Measured:
+        tried.append(measure(model, inputs, [], v, device, cap, need)[0])
+        return tried[-1]
+
+    _, runtime = first_step(run, False, device.startswith("cuda"))
+    start = time.monotonic()
+    run(Variant(False, (), runtime))
+    return tried, time.monotonic() - start
+
+
 def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
            compile: bool = True, deadline: float | None = None, finish: float | None = None,
-           rewrites: tuple[str, ...] | None = None, cap: Capture | None = None) -> tuple[Measured, list[Measured]]:
+           rewrites: tuple[str, ...] | None = None, cap: Capture | None = None,
+           ahead: tuple[list[Measured], float] = ([], 0.0)) -> tuple[Measured, list[Measured]]:
     """The fastest variant measured (greedy, see the module docstring) and every measurement made.
 
     `rewrites`: the rewrites to try (default: every one in forge.runtime.rewrites.REWRITES that applies to the
     device); `deadline` (time.monotonic()): no Inductor compilation but the first (the model itself) is started
     after it; `finish`: nor one that would end after it, judged by the last compilation's time (may_compile).
     `cap`: the model's capture on `inputs` (in the layout its kernels were found for, forge.capture.layout),
-    when the caller has it.
+    when the caller has it. `ahead`: measure_floor's result, when it ran: those variants are not measured
+    again, and the first compilation here is judged by the floor's time.
     """
     cuda = device.startswith("cuda")
     tried: list[Measured] = []
     cap = cap or capture(model, inputs)  # once: every variant starts from a copy of it
+    known = {m.variant: m for m in ahead[0]}
 
     def run(v: Variant, need: str = "") -> Measured:
-        m, _ = measure(model, inputs, kernels, v, device, cap, need)
+        m = known.pop(v, None) or measure(model, inputs, kernels, v, device, cap, need)[0]
         tried.append(m)
         return m
 
@@ -379,15 +361,15 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     # Inductor from its NHWC TF32 one: 2.25x where torch.compile alone made 2.80x)
     floor = Variant(False, (), heads[0][2])
     compiled = [floor, *(v for v in compiled if v != floor)]
-    last = 0.0  # seconds the last compilation took (with its timing)
+    last = ahead[1]  # seconds the last compilation took (with its timing)
     queue = compiled if compile else []
     while queue:
         v = queue.pop(0)
-        now = time.monotonic()
-        if not may_compile(now, last, deadline, finish):
+        now, measured = time.monotonic(), v in known
+        if not measured and not may_compile(now, last, deadline, finish):
             break
         m = run(v)  # a failed head is compiled too: Inductor may run it
-        last = time.monotonic() - now
+        last = last if measured else time.monotonic() - now
         # Inductor gave some kernels another layout: next, the variant without them (dropping some moves
         # Inductor's layout choices for others: on the SD3.5 VAE 2 fell back, then 3 more), while any are left
         without = tuple(sorted({*v.without, *m.fell}))

@@ -11,6 +11,9 @@ the model compiled again without it.
 A region compiled alone is not quite what Inductor does with it inside the whole model (it may fuse the
 region with its neighbours there), so the choice is per region, and the end-to-end time against plain
 torch.compile is what decides whether the mix pays (benchmarks/models.py measures it).
+
+`Compiled` is a module (forge's patched graph, or the model behind `_Call`) compiled by torch.compile, as the
+variants of forge.runtime.variants run it.
 """
 
 from __future__ import annotations

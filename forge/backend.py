@@ -76,9 +76,10 @@ def graphs() -> list[LazyGraph]:
     return [g for g in (r() for r in _MADE) if g is not None]
 
 
-class _Lifted(torch.nn.Module):
-    """Dynamo's graph as a model: the parameters Dynamo passes as inputs held as parameters again, so that forge
-    captures the same graph (and task keys) as for the user's module and may fold or merge weights."""
+class DynamoGraph(torch.nn.Module):
+    """Dynamo's graph as a model (the run's name in the store): the parameters Dynamo passes as inputs held as
+    parameters again, so that forge captures the same graph (and task keys) as for the user's module and may
+    fold or merge weights."""
 
     def __init__(self, gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> None:
         super().__init__()
@@ -111,7 +112,7 @@ class LazyGraph:
 
     def __init__(self, gm: torch.fx.GraphModule, options: dict[str, Any]) -> None:
         self.gm, self.options = gm, options
-        self.lifted: _Lifted | None = None
+        self.lifted: DynamoGraph | None = None
         self.fn: Callable[..., Any] | None = None
         self.failed = False
         self.calls, self.fallbacks = 0, Counter[str]()
@@ -145,7 +146,7 @@ class LazyGraph:
     def _build(self, args: tuple[Any, ...]) -> None:
         """Load the artifact's kernels or search, on these real inputs; a failure is logged and leaves `gm`."""
         try:
-            lifted = _Lifted(self.gm, args)
+            lifted = DynamoGraph(self.gm, args)
             inputs = lifted.split(args) or []
             with torch.no_grad():
                 self.fn = self._load(lifted, inputs) if self.options["artifact"] else self._search(lifted, inputs)
@@ -156,7 +157,7 @@ class LazyGraph:
                         str(e).splitlines()[0] if str(e) else "")
             self.fn, self.failed = None, True
 
-    def _load(self, lifted: _Lifted, inputs: list[Any]) -> Callable[..., Any]:
+    def _load(self, lifted: DynamoGraph, inputs: list[Any]) -> Callable[..., Any]:
         import forge
         from forge.runtime.artifact import read
 
@@ -169,7 +170,7 @@ class LazyGraph:
                  path, len(keys - used))
         return fn
 
-    def _search(self, lifted: _Lifted, inputs: list[Any]) -> Callable[..., Any]:
+    def _search(self, lifted: DynamoGraph, inputs: list[Any]) -> Callable[..., Any]:
         import forge
 
         o = self.options

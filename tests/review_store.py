@@ -105,3 +105,38 @@ def start_ui(db: Path, log: Path) -> UI:
             time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"forge ui did not answer within 60 s: {log.read_text()}")
+
+
+LONG_REASON = "budget (16 candidates for this task; patience 8 without improvement; wall time 300 s of the run)"
+
+
+def two_runs(db: Path) -> tuple[str, str, int, int]:
+    """Two finished runs of one model, made through the Store API (no search), for the comparison and the
+    layout: the second is faster on the shared task and has one more; timings near 125000 us (long axis labels),
+    long knobs and stop reasons. Returns (run a, run b, b's shared task, b's slow node)."""
+    from forge.store import Store
+
+    store = Store(db)
+    ids, found = [], (0, 0)
+    for i, (speedups, extra) in enumerate((((1.2, 1.5), False), ((1.1, 2.5, 3.0), True))):
+        run = store.create_run("examples/compare.py", device="cpu", dtype="fp32", policy="recipes",
+                               config={"budget": {"candidates": 40, "per_task": 16}})
+        keys = ["silu-compare"] + (["mean-only-b"] if extra else [])
+        for key in keys:
+            task = store.add_task(run.id, key, family="activation", ms=2.0, share=0.4, state="done",
+                                  stop_reason=LONG_REASON)
+            root = store.add_candidate(task.id, None, backend="eager", source="def region(x): ...",
+                                       origin="baseline", status="ok")
+            for j, x in enumerate(speedups):
+                knobs = {"chunk": 64 * j, "simd": True, "unroll": 4, "fast_math": False, "tile": "8x8x128"}
+                c = store.add_candidate(task.id, root.id, backend="cpu", source=HOSTILE_SOURCE, knobs=knobs,
+                                        origin="recipes", status="ok", visits=1, reward=x - 1)
+                store.add_evaluation(c.id, status="ok", time_us_median=125000.0 / x, baseline_us_median=125000.0,
+                                     time_us_spread={"p10": 118000.0 / x, "p90": 131000.0 / x, "mean": 125500.0 / x},
+                                     verify={"baseline": {"median": 125000.0, "p10": 120000.0, "p90": 130000.0}},
+                                     device="cpu", device_seconds=0.5)
+                if i == 1 and key == "silu-compare" and j == 0:
+                    found = (task.id, c.id)
+        store.update_run(run.id, state="done", eager_ms=10.0, forge_ms=10.0 / (1.1 + i))
+        ids.append(run.id)
+    return ids[0], ids[1], found[0], found[1]

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from review_store import HOSTILE_SOURCE, start_ui
+from review_store import HOSTILE_SOURCE, LONG_REASON, start_ui, two_runs
 
 from forge.cli import main
 from forge.store import Store
@@ -53,8 +53,11 @@ def test_open_a_run_click_a_node_and_see_its_code(rs, ui, page, tmp_path):
     assert page.locator("#tree .node").count() == len(store.candidates(rs.task_id))
     page.click(f"#tree .node[data-id='{best.id}']")
     page.wait_for_selector(f"#panel .node[data-node='{best.id}']")
-    code = page.inner_text("#panel pre.code")
-    assert code.strip() == best.source.strip() and "forge_launch" in code
+    prelude, code = page.text_content("#panel details.prelude pre.code"), page.inner_text("#panel pre.code.kernel")
+    assert prelude + code == best.source and "forge_launch" in code and "forge recipe" in code.splitlines()[0]
+    assert not page.is_visible("#panel details.prelude pre")  # folded until clicked
+    page.click("#panel details.prelude summary")
+    assert page.is_visible("#panel details.prelude pre") and page.locator("#panel pre.code span[class^=hl-]").count()
     panel = page.inner_text("#panel")
     assert "Diff against parent" in panel and "Build log" in panel and "Verification" in panel
     assert page.locator("#panel svg").count() == 1  # the timing distribution
@@ -69,7 +72,7 @@ def test_open_a_run_click_a_node_and_see_its_code(rs, ui, page, tmp_path):
 def test_script_in_a_candidate_renders_as_text(rs, ui, page):
     page.goto(f"{ui.url}/runs/{rs.run_id}/tasks/{rs.task_id}#node-{rs.hostile_id}")  # opens the node on load
     page.wait_for_selector(f"#panel .node[data-node='{rs.hostile_id}']")
-    assert page.inner_text("#panel pre.code").strip() == HOSTILE_SOURCE.strip()
+    assert page.inner_text("#panel pre.code.kernel").strip() == HOSTILE_SOURCE.strip()
     panel = page.inner_text("#panel")
     assert "<img src=x onerror=alert(\"message\")>" in panel and "alert('log')" in panel
     assert "<script>alert('prompt')</script>" in panel and "alert('answer')" in panel
@@ -126,3 +129,76 @@ def _watch_live(store, run, task, root, url, page):
     while "updating live" in page.inner_text("#live") and time.monotonic() < deadline:
         page.wait_for_timeout(250)
     assert page.inner_text("#live") == "" and "1.25x" in page.inner_text("#content")
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """`forge ui` over two runs of one model (review_store.two_runs), and the runs' ids."""
+    folder = tmp_path_factory.mktemp("two")
+    a, b, task, slow = two_runs(folder / "two.db")
+    server = start_ui(folder / "two.db", folder / "ui.log")
+    yield server, a, b, task, slow
+    server.stop()
+
+
+def test_compare_two_runs_from_the_run_list(two, page):
+    ui, a, b, _, _ = two
+    page.goto(ui.url + "/")
+    page.click(f"a.compare[href='/compare?a={a}&b={b}']")
+    page.wait_for_selector("table.compare-tasks")
+    assert a in page.inner_text("h1") and b in page.inner_text("h1")
+    rows = {r.get_attribute("data-key"): r.inner_text() for r in page.locator("table.compare-tasks tbody tr").all()}
+    assert set(rows) == {"silu-compare", "mean-only-b"}
+    assert "1.50x" in rows["silu-compare"] and "3.00x" in rows["silu-compare"] and "2.00" in rows["silu-compare"]
+    assert "not in this run" in rows["mean-only-b"]
+    runs = page.inner_text("table.compare-runs")
+    assert "2 of 40" in runs and "6 of 40" in runs
+    page.click(f"table.compare-runs a[href='/runs/{b}']")
+    page.wait_for_selector("p.compare-with")
+    assert not page.dialogs and not page.outside
+
+
+def test_runs_filter_and_sort(two, page):
+    ui, a, b, _, _ = two
+    page.goto(ui.url + "/")
+    page.fill("#filter", b)
+    assert page.locator("table.runs tbody tr:visible").count() == 1
+    page.fill("#filter", "")
+    page.click("table.runs th:text-is('speedup')")
+    first = page.locator("table.runs tbody tr").first.inner_text()
+    assert b in first  # the faster run first (descending)
+    page.click("table.runs th:text-is('speedup')")
+    assert a in page.locator("table.runs tbody tr").first.inner_text()
+
+
+def test_at_800_px_tables_scroll_and_the_tree_is_not_clipped(two, browser):
+    ui, a, b, task, slow = two
+    context = browser.new_context(viewport={"width": 800, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(f"{ui.url}/runs/{b}")
+        assert LONG_REASON in page.inner_text("table.tasks")
+        cells = page.locator("table.tasks td, table.runs td")
+        heights = [cells.nth(i).bounding_box()["height"] for i in range(cells.count())]
+        assert max(heights) < 40, heights  # one line each: no wrapping into tall cells
+        box = page.locator("table.tasks").evaluate("t => [t.parentElement.scrollWidth, t.parentElement.clientWidth]")
+        assert box[0] > box[1] and page.evaluate("document.documentElement.scrollWidth") <= 800  # the box scrolls
+        page.goto(f"{ui.url}/runs/{b}/tasks/{task}#node-{slow}")
+        page.wait_for_selector(f"#panel .node[data-node='{slow}']")
+        label = page.text_content(f"#tree .node[data-id='{slow}'] text")
+        assert "1.10x" in label and "chunk=0" in label and "simd=True" in label  # knobs on the tree
+        tree = page.evaluate("""() => { const t = document.getElementById('tree'), s = t.querySelector('svg');
+            return {sw: t.scrollWidth, cw: t.clientWidth, svg: s.getBoundingClientRect().width,
+                    attr: Number(s.getAttribute('width')), ov: getComputedStyle(t).overflowX,
+                    right: t.getBoundingClientRect().right}; }""")
+        assert tree["svg"] == pytest.approx(tree["attr"])  # drawn whole, not shrunk
+        assert tree["ov"] == "auto" and tree["right"] <= 800  # inside the page; scrolls when wider
+        assert tree["sw"] >= tree["attr"] - 1
+        for svg in page.locator("#panel svg").all():  # the timing chart's labels (125k us) are whole
+            frame = svg.bounding_box()
+            for t in svg.locator("text").all():
+                b_ = t.bounding_box()
+                assert frame["x"] - 0.5 <= b_["x"] and b_["x"] + b_["width"] <= frame["x"] + frame["width"] + 0.5, (
+                    t.text_content())
+    finally:
+        context.close()

@@ -94,12 +94,19 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """forge report: the run's report in the terminal, and as HTML and/or JSON files."""
     from forge.review.data import find_run, run_view
-    from forge.review.report import print_report, write_report
+    from forge.review.report import print_report, write_comparison, write_report
 
     with _user_errors():
         store = _store(args)
         view = run_view(store, find_run(store, args.run))
+        other = run_view(store, find_run(store, args.compare)) if args.compare else None
     print_report(view)
+    if other is not None:
+        if not args.html:
+            raise UserError("--compare writes the comparison as HTML: give --html PATH")
+        write_comparison(view, other, args.html)
+        write_report(view, None, args.json)
+        return 0
     write_report(view, args.html, args.json)
     return 0
 
@@ -147,6 +154,7 @@ def register(sub: Any, db_help: str = "the run store: a SQLite path or SQLAlchem
     p.add_argument("run", help="run id, a unique prefix of it, or 'last'")
     p.add_argument("--html", metavar="PATH", help="also write a self-contained HTML report")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--compare", metavar="RUN", help="with --html: write RUN against this one side by side instead")
     p = add("ui", "serve the read-only review web app (needs the ui extra)", cmd_ui)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765)")

@@ -241,6 +241,16 @@ class RunView:
         """The run record."""
         return self.summary.run
 
+    @property
+    def tried(self) -> int:
+        """Candidates evaluated over all tasks."""
+        return sum(t.tried for t in self.tasks)
+
+    @property
+    def budget(self) -> int | None:
+        """The run's budget of candidates over all tasks (forge optimize records it), if known."""
+        return (self.run.config.get("budget") or {}).get("candidates")
+
     def families(self) -> list[tuple[str, float, float]]:
         """(op family, ms before, ms after) of the profiled model time, biggest first.
 

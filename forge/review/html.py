@@ -1,21 +1,26 @@
-"""HTML fragments shared by the HTML report and the web UI. Every value from the store is escaped.
+"""HTML of the report and of the web UI, rendered by Jinja2 templates (forge/review/templates/) with autoescape.
 
 Important: candidate sources, build logs, verification messages, LLM prompts and answers, task keys and
-model names are untrusted text; they only ever reach HTML through `esc`.
+model names are untrusted text; they reach HTML only through the templates' autoescape, Pygments (which
+escapes what it highlights) or the SVG charts (markupsafe). Nothing here marks store text safe.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-from forge.review import svg
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
+
+from forge.review import source, svg
 from forge.review.data import NodeDetail, RunSummary, RunView, TaskView
-from forge.review.svg import esc
 
-CSS = (Path(__file__).parent / "static" / "forge.css").read_text()
+CSS = (Path(__file__).parent / "static" / "forge.css").read_text() + "\n" + source.stylesheet()
 
 
 def fmt_x(x: float | None) -> str:
@@ -41,70 +46,60 @@ def fmt_when(t: datetime) -> str:
     return f"{t:%Y-%m-%d %H:%M} UTC"
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
-    """A table whose cells are already HTML (escape before calling)."""
-    th = "".join(f"<th>{h}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+def fmt_pct(share: float | None) -> str:
+    """A share of model time as 12.3%."""
+    return f"{100 * (share or 0):.1f}%"
 
 
-def page(title: str, body: str, *, inline_css: bool, scripts: Sequence[str] = (), body_attrs: str = "") -> str:
-    """A whole HTML document; inline_css for the standalone report, else the app's stylesheet."""
-    if inline_css:  # the report: no scripts at all, nothing fetched
-        head = ('<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
-                f'style-src \'unsafe-inline\'; img-src data:"><style>{CSS}</style>')
-    else:
-        head = '<link rel="stylesheet" href="/static/forge.css">'
-    head += "".join(f'<script src="{esc(s)}" defer></script>' for s in scripts)
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">{head}</head>'
-            f"<body {body_attrs}>{body}</body></html>")
+@functools.cache
+def env() -> Environment:
+    """The template environment: autoescape on for every template, undefined names an error."""
+    e = Environment(loader=PackageLoader("forge.review", "templates"), autoescape=select_autoescape(default=True),
+                    undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    e.filters.update(x=fmt_x, num=fmt_num, secs=fmt_secs, when=fmt_when, pct=fmt_pct)
+    e.globals.update(highlight=source.highlight, split_prelude=source.split_prelude)
+    return e
 
 
-def state_badge(state: str) -> str:
-    """A run or task state as a coloured badge."""
-    return f'<span class="badge state-{esc(state)}">{esc(state)}</span>'
+def render(name: str, **context: Any) -> Markup:
+    """Render one template (the result is HTML, safe to put into another template)."""
+    return Markup(env().get_template(name).render(**context))
 
 
-def runs_table(summaries: Sequence[RunSummary], link: bool = True) -> str:
-    """The run list: model, device, policy, speedup, cost, state."""
-    rows = []
-    for s in summaries:
-        r = s.run
-        rid = f'<a href="/runs/{esc(r.id)}">{esc(r.id)}</a>' if link else esc(r.id)
-        rows.append([rid, esc(fmt_when(r.created_at)), esc(r.model), esc(r.device), esc(r.policy),
-                     esc(fmt_x(s.speedup)), f"${s.cost.usd:.2f}", esc(f"{s.cost.device_seconds:.1f} s"),
-                     esc(fmt_secs(s.wall_s)), state_badge(r.state)])
-    if not rows:
-        return '<p class="empty">No runs in this store yet: run <code>forge optimize</code>.</p>'
-    return _table(["run", "started", "model", "device", "policy", "speedup", "LLM $", "device time", "wall",
-                   "state"], rows, "runs")
+def page(template: str, title: str, *, inline_css: bool, scripts: Sequence[str] = (),
+         body_attrs: Mapping[str, str] | None = None, **context: Any) -> Markup:
+    """A whole HTML document; inline_css for the standalone report (no script, nothing fetched), else the app's
+    stylesheets."""
+    return render(template, title=title, inline_css=inline_css, css=Markup(CSS) if inline_css else "",
+                  scripts=scripts, body_attrs=body_attrs or {}, **context)
 
 
-def tasks_table(view: RunView, link: bool) -> str:
-    """Per task: family, share, eager and best time, speedup, candidates, state and stop reason."""
-    rows = []
-    for t in view.tasks:
-        k = t.task
-        key = f'<a href="/runs/{esc(k.run_id)}/tasks/{k.id}">{esc(k.key)}</a>' if link else esc(k.key)
-        rows.append([key, esc(k.family), esc(f"{100 * (k.share or 0):.1f}%"), esc(fmt_num(t.eager_us, 1)),
-                     esc(fmt_num(t.best_us, 1)), esc(fmt_x(t.speedup)), str(t.tried), str(t.failed),
-                     state_badge(k.state), esc(k.stop_reason or "")])
-    return _table(["task", "family", "share", "eager us", "best us", "speedup", "tried", "failed", "state",
-                   "stopped"], rows, "tasks")
+def runs_table(summaries: Sequence[RunSummary], link: bool = True) -> Markup:
+    """The run list: model, device, policy, speedup, cost, state (and links to compare runs of one model)."""
+    return render("runs_table.html", summaries=summaries, link=link, previous=previous_of_model(summaries))
 
 
-def cost_table(s: RunSummary) -> str:
+def previous_of_model(summaries: Sequence[RunSummary]) -> dict[str, str]:
+    """For each run (newest first), the id of the next older run of the same model, if any."""
+    older: dict[str, str] = {}
+    last_seen: dict[str, str] = {}
+    for s in reversed(summaries):  # oldest first
+        if s.run.model in last_seen:
+            older[s.run.id] = last_seen[s.run.model]
+        last_seen[s.run.model] = s.run.id
+    return older
+
+
+def cost_rows(s: RunSummary) -> list[tuple[str, str]]:
     """Money, tokens, device and wall time, and speedup gained per dollar and per device-hour."""
     c = s.cost
     per_usd, per_hour = s.per_dollar(), s.per_device_hour()
-    rows = [["LLM cost", f"${c.usd:.4f} over {c.llm_calls} calls"],
-            ["tokens", f"{c.tokens_in:,} in, {c.tokens_out:,} out"],
-            ["device time", f"{c.device_seconds:.1f} s over {c.evaluations} evaluations"],
-            ["wall time", fmt_secs(s.wall_s)],
-            ["speedup gained per dollar", "-" if per_usd is None else f"{per_usd:.3g} (speedup - 1) / $"],
-            ["speedup gained per device-hour", "-" if per_hour is None else f"{per_hour:.3g} (speedup - 1) / h"]]
-    return _table(["cost", ""], [[esc(a), esc(b)] for a, b in rows], "kv")
+    return [("LLM cost", f"${c.usd:.4f} over {c.llm_calls} calls"),
+            ("tokens", f"{c.tokens_in:,} in, {c.tokens_out:,} out"),
+            ("device time", f"{c.device_seconds:.1f} s over {c.evaluations} evaluations"),
+            ("wall time", fmt_secs(s.wall_s)),
+            ("speedup gained per dollar", "-" if per_usd is None else f"{per_usd:.3g} (speedup - 1) / $"),
+            ("speedup gained per device-hour", "-" if per_hour is None else f"{per_hour:.3g} (speedup - 1) / h")]
 
 
 def run_charts(view: RunView) -> dict[str, str]:
@@ -124,99 +119,66 @@ def run_charts(view: RunView) -> dict[str, str]:
     return out
 
 
-def run_sections(view: RunView, link: bool) -> str:
+def run_sections(view: RunView, link: bool) -> Markup:
     """The body of the report and of the run page."""
-    s, r = view.summary, view.run
-    charts = run_charts(view)
-    e2e = (f"eager {r.eager_ms:.3f} ms, forge {r.forge_ms:.3f} ms: <strong>{esc(fmt_x(s.speedup))}</strong>"
-           + ("" if s.applied else " (forge kept the eager model: its kernels were not faster end to end)")
-           if r.eager_ms and r.forge_ms else "not measured yet")
-    parts = [
-        f'<header><h1>run {esc(r.id)} {state_badge(r.state)}</h1><p class="meta">{esc(r.model)} on '
-        f"{esc(r.device)} ({esc(r.dtype)}), policy {esc(r.policy)}, started {esc(fmt_when(r.created_at))}"
-        + (f", finished {esc(fmt_when(r.finished_at))}" if r.finished_at else "") + "</p></header>",
-        f'<section><h2>End to end</h2><p>{e2e}</p>{charts["e2e"]}</section>',
-        f"<section><h2>Tasks</h2>{tasks_table(view, link)}</section>",
-        '<section><h2>Model time by op family</h2><p class="note">Profiled time of each task; after divides '
-        "each shipped task's time by its speedup. Tasks too small to search are in \"other\".</p>"
-        f'{charts["families"] or "<p>no timed tasks</p>"}</section>',
-        '<section><h2>Search progress</h2><p class="note">Per task: the highest speedup of a candidate so '
-        "far, each against eager timed alongside it.</p>"
-        f'{charts["curves"] or "<p>no candidates evaluated yet</p>"}</section>',
-        f"<section><h2>Cost</h2>{cost_table(s)}</section>",
-    ]
-    return "".join(parts)
+    return render("run_sections.html", view=view, s=view.summary, r=view.run, link=link, charts=run_charts(view),
+                  cost=cost_rows(view.summary), budget=view.budget)
 
 
-def _pre(text: str, cls: str = "") -> str:
-    return f'<pre class="{cls}">{esc(text)}</pre>' if text else '<p class="empty">none</p>'
-
-
-def _diff(text: str) -> str:
-    if not text:
-        return '<p class="empty">no parent (a root) or no change</p>'
-    lines = []
-    for line in text.splitlines():
-        cls = "add" if line.startswith("+") else "del" if line.startswith("-") else "hunk" if line.startswith(
-            "@@") else ""
-        lines.append(f'<span class="{cls}">{esc(line)}</span>')
-    return '<pre class="diff">' + "\n".join(lines) + "</pre>"
-
-
-def node_panel(d: NodeDetail) -> str:
-    """A node: header, source, diff, build log, verification, timing distribution, LLM prompt and answer."""
+def node_facts(d: NodeDetail) -> list[tuple[str, str]]:
+    """A node's facts table: ids, backend, origin, status, knobs, visits, reward, speedup, message."""
     n, e = d.node, d.evaluation
-    status = e.status if e else n.status
     facts = [("node", f"#{n.id}"), ("task", d.task.key), ("parent", f"#{n.parent_id}" if n.parent_id else "-"),
-             ("backend", n.backend), ("origin", n.origin), ("status", status),
+             ("backend", n.backend), ("origin", n.origin), ("status", e.status if e else n.status),
              ("knobs", " ".join(f"{k}={v}" for k, v in n.knobs.items()) or "-"), ("visits", str(n.visits)),
              ("reward", fmt_num(n.reward)), ("speedup", fmt_x(e.speedup if e and e.status == "ok" else None))]
     if e and e.message:
         facts.append(("message", e.message))
-    parts = [f'<h2 class="node-title">node #{n.id} <span class="badge status-{esc(status)}">{esc(status)}</span></h2>',
-             _table(["", ""], [[esc(a), esc(b)] for a, b in facts], "kv"),
-             f'<h3>Source</h3>{_pre(n.source, "code")}', f"<h3>Diff against parent</h3>{_diff(d.diff())}"]
-    if e is None:
-        parts.append('<p class="empty">not evaluated (the eager baseline, or still pending)</p>')
-    else:
-        parts.append(f'<h3>Build log</h3>{_pre(e.build_log, "log")}')
-        parts.append(f"<h3>Verification</h3>{_verify(e.verify)}")
-        parts.append(f"<h3>Timing</h3>{_timing(e.time_us_median, e.time_us_spread, e.verify.get('baseline'))}")
-    for c in d.llm_calls:
-        parts.append(f"<h3>LLM call {esc(c.provider)}:{esc(c.model)} ({esc(c.status)}, {c.tokens_in} in, "
-                     f"{c.tokens_out} out, ${c.usd:.4f})</h3><h4>Prompt</h4>{_pre(c.prompt, 'llm')}"
-                     f"<h4>Answer</h4>{_pre(c.response, 'llm')}")
-    return f'<div class="node" data-node="{n.id}">{"".join(parts)}</div>'
+    return facts
 
 
-def _verify(v: dict) -> str:
+def verify_table(v: dict) -> tuple[list[str], list[list[str]], str]:
+    """Verification sets as (head, rows) and whatever else it recorded as JSON text."""
     sets = v.get("sets") or []
-    rows = [[esc(s.get("set", i))] + [esc(f"{s[k]:.2e}" if isinstance(s[k], float) else s[k])
-                                      for k in sorted(s) if k != "set"] for i, s in enumerate(sets)]
     head = ["set"] + sorted(k for k in (sets[0] if sets else {}) if k != "set")
-    table = _table([esc(h) for h in head], rows, "verify") if sets else ""
+    rows = [[str(s.get("set", i))] + [f"{s[k]:.2e}" if isinstance(s.get(k), float) else str(s.get(k, ""))
+                                      for k in head[1:]] for i, s in enumerate(sets)]
     rest = {k: val for k, val in v.items() if k not in ("sets", "baseline")}
-    return table + (_pre(json.dumps(rest, indent=1, default=str), "log") if rest else "")
+    return head, rows, json.dumps(rest, indent=1, default=str) if rest else ""
 
 
-def _timing(median: float | None, spread: dict, baseline: dict | None) -> str:
+def timing(median: float | None, spread: dict, baseline: dict | None) -> dict[str, Any] | None:
+    """The timing chart and its note (None when the node was not timed)."""
     if median is None:
-        return '<p class="empty">not timed (rejected before timing)</p>'
+        return None
     rows = [("candidate", {"median": median, **{k: spread.get(k) for k in ("p10", "p90", "mean")}})]
     if baseline:
         rows.append(("eager", {"median": baseline.get("median"), "p10": baseline.get("p10"),
                                "p90": baseline.get("p90")}))
     stats = ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in spread.items()
                       if v is not None)
-    return (svg.ranges(rows, "us", "timing distribution: p10..p90 box, median bar, mean dot") +
-            f'<p class="note">candidate (us): median {median:.2f}, {esc(stats)}'
-            + (f"; eager (us): median {baseline.get('median', 0):.2f}, n {esc(baseline.get('n'))}" if baseline else "")
-            + "</p>")
+    note = f"candidate (us): median {median:.2f}, {stats}"
+    if baseline:
+        note += f"; eager (us): median {baseline.get('median', 0):.2f}, n {baseline.get('n')}"
+    return {"chart": svg.ranges(rows, "us", "timing distribution: p10..p90 box, median bar, mean dot"), "note": note}
 
 
-def task_summary(t: TaskView) -> str:
+def node_panel(d: NodeDetail) -> Markup:
+    """A node: header, source (prelude folded), diff, build log, verification, timing, LLM prompt and answer."""
+    e = d.evaluation
+    return render("node_panel.html", d=d, n=d.node, e=e, status=e.status if e else d.node.status,
+                  facts=node_facts(d), diff=diff_lines(d.diff()), verify=verify_table(e.verify) if e else None,
+                  timing=timing(e.time_us_median, e.time_us_spread, e.verify.get("baseline")) if e else None)
+
+
+def diff_lines(text: str) -> list[tuple[str, str]]:
+    """A unified diff as (css class, line) pairs."""
+    def cls(line: str) -> str:
+        return "add" if line.startswith("+") else "del" if line.startswith("-") else (
+            "hunk" if line.startswith("@@") else "")
+    return [(cls(line), line) for line in text.splitlines()]
+
+
+def task_summary(t: TaskView) -> Markup:
     """A task page's header line."""
-    k = t.task
-    return (f"<p class=\"meta\">{esc(k.family)}, {esc(f'{100 * (k.share or 0):.1f}%')} of model time, "
-            f"count {k.count}; {t.tried} candidates tried, {t.failed} failed; best {esc(fmt_x(t.speedup))}; "
-            f"{state_badge(k.state)} {esc(k.stop_reason or '')}</p>")
+    return render("task_summary.html", t=t, k=t.task)

@@ -44,8 +44,8 @@ def report_json(view: RunView) -> dict[str, Any]:
 
 def report_html(view: RunView) -> str:
     """The report as one HTML document that needs no network and runs no script."""
-    body = html.run_sections(view, link=False) + '<p class="note">Written by forge report.</p>'
-    return html.page(f"forge report {view.run.id}", body, inline_css=True)
+    return str(html.page("report.html", f"forge report {view.run.id}", inline_css=True,
+                     sections=html.run_sections(view, link=False)))
 
 
 def write_report(view: RunView, html_path: str | Path | None = None, json_path: str | Path | None = None) -> None:
@@ -58,6 +58,14 @@ def write_report(view: RunView, html_path: str | Path | None = None, json_path: 
     if json_path:
         Path(json_path).write_text(json.dumps(report_json(view), indent=1) + "\n", encoding="utf-8")
         log.info("wrote %s", json_path)
+
+
+def write_comparison(a: RunView, b: RunView, html_path: str | Path) -> None:
+    """Write two runs side by side as one self-contained HTML file (no script, nothing fetched)."""
+    from forge.review.compare import compare_page
+
+    Path(html_path).write_text(str(compare_page(a, b, inline_css=True)), encoding="utf-8")
+    log.info("wrote %s", html_path)
 
 
 def sparkline(values: tuple[float | None, ...] | list[float | None]) -> str:

@@ -1,13 +1,15 @@
 """Small inline SVG charts (no JavaScript, no network): bars, stacked bars, step lines, timing ranges.
 
-Every label is escaped; the charts are plain strings to drop into HTML.
+Every label is escaped with markupsafe (Jinja2's escaping); the charts are `Markup` to drop into templates.
+Axis values are written short (125k, 1.5M) so that a label fits its margin.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
+
+from markupsafe import Markup, escape
 
 PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d", "#bab0ac",
            "#ff9da6")
@@ -15,9 +17,23 @@ GREY = "#bab0ac"
 FONT = 'font-family="system-ui, sans-serif" font-size="12"'
 
 
-def esc(value: object) -> str:
-    """HTML-escape anything (quotes included, so it is safe in attributes too)."""
-    return html.escape(str(value), quote=True)
+def si(v: float) -> str:
+    """An axis value, short: 0.5, 12, 2500, 12.5k, 125k, 1.5M (a suffix from 10 000 on)."""
+    a = abs(v)
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if a >= max(scale, 1e4):
+            return f"{v / scale:.4g}{suffix}"
+    return f"{v:.4g}"
+
+
+def short(v: float) -> str:
+    """A measured value for a label: 2 decimals below 10 000, else 4 digits with a suffix (83.33k)."""
+    return f"{v:.2f}" if abs(v) < 1e4 else si(float(f"{v:.4g}"))
+
+
+def _anchor(x: float, width: float, room: float = 70) -> str:
+    """Where a label centred at x would run past either edge, anchor it inside."""
+    return "start" if x < room else "end" if x > width - room else "middle"
 
 
 def colour(name: str, names: Sequence[str]) -> str:
@@ -27,10 +43,10 @@ def colour(name: str, names: Sequence[str]) -> str:
     return PALETTE[list(names).index(name) % len(PALETTE)] if name in names else GREY
 
 
-def _svg(width: int, height: int, title: str, body: list[str]) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}" {FONT}>'
-            f"<title>{esc(title)}</title>{''.join(body)}</svg>")
+def _svg(width: int, height: int, title: str, body: list[str]) -> Markup:
+    return Markup(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}" {FONT}>'
+            f"<title>{escape(title)}</title>{''.join(body)}</svg>")  # every label in body is escaped
 
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -44,7 +60,7 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [round(first + i * step, 10) for i in range(round((last - first) / step) + 1)]
 
 
-def hbars(rows: Sequence[tuple[str, float]], unit: str, title: str, width: int = 640) -> str:
+def hbars(rows: Sequence[tuple[str, float]], unit: str, title: str, width: int = 640) -> Markup:
     """One horizontal bar per (label, value)."""
     left, right, bar, gap = 120, 90, 22, 10
     height = 10 + len(rows) * (bar + gap)
@@ -53,13 +69,13 @@ def hbars(rows: Sequence[tuple[str, float]], unit: str, title: str, width: int =
     for i, (label, value) in enumerate(rows):
         y = 5 + i * (bar + gap)
         w = (width - left - right) * value / top
-        body.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{esc(label)}</text>'
+        body.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{escape(label)}</text>'
                     f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar}" fill="{PALETTE[i % 2]}"/>'
-                    f'<text x="{left + w + 6:.1f}" y="{y + bar / 2 + 4}">{value:.3f} {esc(unit)}</text>')
+                    f'<text x="{left + w + 6:.1f}" y="{y + bar / 2 + 4}">{value:.3f} {escape(unit)}</text>')
     return _svg(width, height, title, body)
 
 
-def stacked(rows: Sequence[tuple[str, Sequence[tuple[str, float]]]], unit: str, title: str, width: int = 640) -> str:
+def stacked(rows: Sequence[tuple[str, Sequence[tuple[str, float]]]], unit: str, title: str, width: int = 640) -> Markup:
     """One horizontal bar per row, split into (segment, value) parts, with a legend of the segments."""
     left, right, bar, gap = 120, 90, 26, 12
     names = list(dict.fromkeys(seg for _, parts in rows for seg, _ in parts))
@@ -71,24 +87,24 @@ def stacked(rows: Sequence[tuple[str, Sequence[tuple[str, float]]]], unit: str, 
     for i, (label, parts) in enumerate(rows):
         y = 5 + i * (bar + gap)
         x = float(left)
-        body.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{esc(label)}</text>')
+        body.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{escape(label)}</text>')
         for seg, value in parts:
             w = value * scale
             body.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{bar}" fill="{colour(seg, names)}">'
-                        f"<title>{esc(seg)}: {value:.3f} {esc(unit)}</title></rect>")
+                        f"<title>{escape(seg)}: {value:.3f} {escape(unit)}</title></rect>")
             x += w
         total = sum(v for _, v in parts)
-        body.append(f'<text x="{x + 6:.1f}" y="{y + bar / 2 + 4}">{total:.3f} {esc(unit)}</text>')
+        body.append(f'<text x="{x + 6:.1f}" y="{y + bar / 2 + 4}">{total:.3f} {escape(unit)}</text>')
     y0 = 10 + len(rows) * (bar + gap)
     for j, seg in enumerate(names):
         x, y = left + (j % 4) * ((width - left) // 4), y0 + (j // 4) * 20
         body.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colour(seg, names)}"/>'
-                    f'<text x="{x + 16}" y="{y + 10}">{esc(seg)}</text>')
+                    f'<text x="{x + 16}" y="{y + 10}">{escape(seg)}</text>')
     return _svg(width, height, title, body)
 
 
 def step_lines(series: Sequence[tuple[str, Sequence[float | None]]], title: str, xlabel: str, ylabel: str,
-               width: int = 640, height: int = 280) -> str:
+               width: int = 640, height: int = 280) -> Markup:
     """Step lines of y against 1..n per series (None: no value yet), with a dashed line at y = 1."""
     left, right, top, bottom = 56, 16, 12, 44
     names = [name for name, _ in series]
@@ -111,15 +127,15 @@ def step_lines(series: Sequence[tuple[str, Sequence[float | None]]], title: str,
     body = [f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>']
     for t in yt:
         body.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
-                    f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
+                    f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{si(t)}</text>')
     for i in _ticks(1, n, min(n, 8)):
         if float(i).is_integer() and 1 <= i <= n:
             body.append(f'<text x="{px(i):.1f}" y="{top + ph + 16}" text-anchor="middle">{int(i)}</text>')
     body.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(1.0):.1f}" y2="{py(1.0):.1f}" stroke="#888" '
                 f'stroke-dasharray="4 3"/>'
-                f'<text x="{left + pw / 2}" y="{top + ph + 34}" text-anchor="middle">{esc(xlabel)}</text>'
+                f'<text x="{left + pw / 2}" y="{top + ph + 34}" text-anchor="middle">{escape(xlabel)}</text>'
                 f'<text x="14" y="{top + ph / 2}" text-anchor="middle" transform="rotate(-90 14 {top + ph / 2})">'
-                f"{esc(ylabel)}</text>")
+                f"{escape(ylabel)}</text>")
     for name, ys in series:
         c = colour(name, names)
         pts: list[tuple[float, float]] = []
@@ -135,18 +151,18 @@ def step_lines(series: Sequence[tuple[str, Sequence[float | None]]], title: str,
         for i, v in enumerate(ys, 1):
             if v is not None:
                 body.append(f'<circle cx="{px(i):.1f}" cy="{py(v):.1f}" r="3" fill="{c}">'
-                            f"<title>{esc(name)}: {v:.2f}x after {i}</title></circle>")
+                            f"<title>{escape(name)}: {v:.2f}x after {i}</title></circle>")
     y0 = height - legend_rows * 18 - 4
     for j, name in enumerate(names):
         x, y = left + (j % 3) * (pw // 3), y0 + (j // 3) * 18
         body.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colour(name, names)}"/>'
-                    f'<text x="{x + 16}" y="{y + 10}">{esc(name)}</text>')
+                    f'<text x="{x + 16}" y="{y + 10}">{escape(name)}</text>')
     return _svg(width, height, title, body)
 
 
-def ranges(rows: Sequence[tuple[str, dict[str, float]]], unit: str, title: str, width: int = 640) -> str:
+def ranges(rows: Sequence[tuple[str, dict[str, float]]], unit: str, title: str, width: int = 640) -> Markup:
     """Timing distributions: per row a p10..p90 box, the median as a bar, the mean as a dot."""
-    left, right, bar, gap = 90, 16, 22, 26
+    left, right, bar, gap = 90, 36, 22, 26  # right: half of the last tick's label
     height = 10 + len(rows) * (bar + gap) + 20
     vals = [v for _, d in rows for k, v in d.items() if k in ("p10", "p90", "median", "mean") and v is not None]
     hi = _ticks(0.0, max(vals, default=1.0) * 1.02 or 1.0)[-1]
@@ -158,21 +174,22 @@ def ranges(rows: Sequence[tuple[str, dict[str, float]]], unit: str, title: str, 
     body = []
     for t in _ticks(0.0, hi):
         body.append(f'<line x1="{px(t):.1f}" x2="{px(t):.1f}" y1="5" y2="{height - 24}" stroke="#eee"/>'
-                    f'<text x="{px(t):.1f}" y="{height - 8}" text-anchor="middle">{t:g}</text>')
+                    f'<text x="{px(t):.1f}" y="{height - 8}" text-anchor="middle">{si(t)}</text>')
     for i, (label, d) in enumerate(rows):
         y = 5 + i * (bar + gap)
         c = PALETTE[i % len(PALETTE)]
-        body.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{esc(label)}</text>')
+        body.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{escape(label)}</text>')
         if d.get("p10") is not None and d.get("p90") is not None:
             body.append(f'<rect x="{px(d["p10"]):.1f}" y="{y}" width="{px(d["p90"]) - px(d["p10"]):.1f}" '
                         f'height="{bar}" fill="{c}" fill-opacity="0.35" stroke="{c}">'
-                        f'<title>p10 {d["p10"]:.2f} .. p90 {d["p90"]:.2f} {esc(unit)}</title></rect>')
+                        f'<title>p10 {d["p10"]:.2f} .. p90 {d["p90"]:.2f} {escape(unit)}</title></rect>')
         if d.get("median") is not None:
             body.append(f'<line x1="{px(d["median"]):.1f}" x2="{px(d["median"]):.1f}" y1="{y - 3}" '
                         f'y2="{y + bar + 3}" stroke="{c}" stroke-width="3"/>'
-                        f'<text x="{px(d["median"]):.1f}" y="{y + bar + 15}" text-anchor="middle">'
-                        f'median {d["median"]:.2f} {esc(unit)}</text>')
+                        f'<text x="{px(d["median"]):.1f}" y="{y + bar + 15}" '
+                        f'text-anchor="{_anchor(px(d["median"]), width)}">'
+                        f'median {short(d["median"])} {escape(unit)}</text>')
         if d.get("mean") is not None:
             body.append(f'<circle cx="{px(d["mean"]):.1f}" cy="{y + bar / 2}" r="4" fill="#333">'
-                        f'<title>mean {d["mean"]:.2f} {esc(unit)}</title></circle>')
+                        f'<title>mean {d["mean"]:.2f} {escape(unit)}</title></circle>')
     return _svg(width, height, title, body)

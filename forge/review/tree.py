@@ -16,13 +16,12 @@ from rich.text import Text
 from rich.tree import Tree
 
 from forge import terminal
-from forge.backends import BACKENDS
 from forge.review.data import NodeDetail, NodeView, RunSummary, TaskView
 from forge.review.html import fmt_num, fmt_secs, fmt_x
+from forge.review.source import LEXERS
 from forge.terminal import Col
 
 _STATE_STYLE = {"done": "green", "running": "yellow"}  # any other state (failed, interrupted): red
-LEXERS = {**{name: b.lexer for name, b in BACKENDS.items()}, "eager": "python"}  # eager: the reference
 
 
 def print_runs(summaries: list[RunSummary], console: Console | None = None) -> None:

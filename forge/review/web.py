@@ -14,11 +14,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from forge.review import html
+from forge.review import compare, html, source
 from forge.review.data import (
     find_run,
     list_summaries,
@@ -29,7 +29,6 @@ from forge.review.data import (
 )
 from forge.review.jsonviews import node_json, runs_json, tree_json
 from forge.review.report import report_json
-from forge.review.svg import esc
 from forge.store import RunRecord, Store, TaskRecord
 
 log = logging.getLogger(__name__)
@@ -39,15 +38,9 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-def _nav(*crumbs: tuple[str, str]) -> str:
-    links = ['<a href="/">runs</a>'] + [f'<a href="{esc(href)}">{esc(label)}</a>' if href else esc(label)
-                                        for label, href in crumbs]
-    return "<nav>forge ui: " + " / ".join(links) + "</nav>"
-
-
-def _live_attrs(version_url: str, fragment_url: str, version: str, running: bool) -> str:
-    return (f'data-poll="{esc(version_url)}" data-fragment="{esc(fragment_url)}" data-version="{esc(version)}" '
-            f'data-running="{"1" if running else "0"}"')
+def _live_attrs(version_url: str, fragment_url: str, version: str, running: bool) -> dict[str, str]:
+    return {"data-poll": version_url, "data-fragment": fragment_url, "data-version": version,
+            "data-running": "1" if running else "0"}
 
 
 def create_app(store: Store) -> FastAPI:
@@ -58,6 +51,7 @@ def create_app(store: Store) -> FastAPI:
     _add_api_routes(app, store)
     _add_fragment_routes(app, store)
     _add_page_routes(app, store)
+    _add_compare_route(app, store)
     return app
 
 
@@ -95,6 +89,10 @@ def _add_headers_and_errors(app: FastAPI) -> None:
     @app.get("/favicon.ico")
     def favicon() -> Response:
         return Response(status_code=204)
+
+    @app.get("/highlight.css")
+    def highlight_css() -> Response:
+        return Response(source.stylesheet(), media_type="text/css")
 
 
 def _add_api_routes(app: FastAPI, store: Store) -> None:
@@ -139,45 +137,40 @@ def _add_fragment_routes(app: FastAPI, store: Store) -> None:
 
 def _add_page_routes(app: FastAPI, store: Store) -> None:
     """The pages: the run list, a run and a task."""
+    scripts = ["/static/forge.js"]
 
     @app.get("/", response_class=HTMLResponse)
     def page_runs() -> str:
         runs = store.list_runs()
         version, running = _runs_version(runs)
-        body = (f'{_nav()}<h1>Runs <span class="live" id="live"></span></h1><div id="content">'
-                f"{html.runs_table([summarize(store, r) for r in runs])}</div>")
-        return html.page("forge runs", body, inline_css=False, scripts=["/static/forge.js"],
-                         body_attrs=_live_attrs("/api/runs", "/fragments/runs", version, running))
+        return html.page("runs_page.html", "forge runs", inline_css=False, scripts=scripts,
+                         body_attrs=_live_attrs("/api/runs", "/fragments/runs", version, running),
+                         table=html.runs_table([summarize(store, r) for r in runs]))
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
     def page_run(run_id: str) -> str:
         view = run_view(store, find_run(store, run_id))
         rid = view.run.id
-        body = (f'{_nav((rid, ""))}<p class="live" id="live"></p><div id="content">'
-                f"{html.run_sections(view, link=True)}</div>")
+        others = [r.id for r in store.list_runs() if r.model == view.run.model and r.id != rid]
         attrs = _live_attrs(f"/api/runs/{rid}", f"/fragments/runs/{rid}", view.version(), view.run.state == "running")
-        return html.page(f"forge run {rid}", body, inline_css=False, scripts=["/static/forge.js"], body_attrs=attrs)
+        return html.page("run_page.html", f"forge run {rid}", inline_css=False, scripts=scripts, body_attrs=attrs,
+                         rid=rid, others=others, sections=html.run_sections(view, link=True))
 
     @app.get("/runs/{run_id}/tasks/{task_id}", response_class=HTMLResponse)
     def page_task(run_id: str, task_id: int) -> str:
         run, task = _run_task(store, run_id, task_id)
-        return _task_page(store, run, task)
+        view = task_view(store, task)
+        attrs = {"data-tree": f"/api/runs/{run.id}/tasks/{task.id}", "data-running": "1" if run.state == "running"
+                 else "0"}
+        return html.page("task_page.html", f"forge task {task.key}", inline_css=False, scripts=scripts,
+                         body_attrs=attrs, run=run, task=task, summary=html.task_summary(view),
+                         speedup=summarize(store, run).speedup)
 
 
-def _task_page(store: Store, run: RunRecord, task: TaskRecord) -> str:
-    """A task's page: its summary, the tree the page script draws (from the task's API route) and the reference."""
-    view = task_view(store, task)
-    summary = summarize(store, run)
-    body = (f'{_nav((run.id, f"/runs/{run.id}"), (task.key, ""))}'
-            f'<h1>task {esc(task.key)} <span class="live" id="live"></span></h1>'
-            f'<div id="task-summary">{html.task_summary(view)}</div>'
-            f'<p class="note">{esc(run.model)} on {esc(run.device)}, run speedup '
-            f"{esc(html.fmt_x(summary.speedup))}. Click a node to see its code, diff, logs, timing and "
-            "prompt. Green: passed (gold ring: the best), red: rejected, grey: the eager baseline.</p>"
-            '<div class="task-layout"><div id="tree"></div><div id="panel"><p class="empty">Select a node.'
-            "</p></div></div>"
-            f"<h2>Reference (eager PyTorch)</h2><pre class=\"code\">{esc(task.source)}</pre>")
-    attrs = (f'data-tree="/api/runs/{esc(run.id)}/tasks/{task.id}" '
-             f'data-running="{"1" if run.state == "running" else "0"}"')
-    return html.page(f"forge task {task.key}", body, inline_css=False, scripts=["/static/forge.js"],
-                     body_attrs=attrs)
+def _add_compare_route(app: FastAPI, store: Store) -> None:
+    """Two runs side by side: /compare?a=RUN&b=RUN."""
+
+    @app.get("/compare", response_class=HTMLResponse)
+    def page_compare(a: str = Query(...), b: str = Query(...)) -> str:
+        left, right = (run_view(store, find_run(store, ref)) for ref in (a, b))
+        return compare.compare_page(left, right, inline_css=False, scripts=["/static/forge.js"])

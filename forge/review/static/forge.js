@@ -82,10 +82,13 @@
     return "#eeca3b"; // pending / building
   }
 
+  const KNOBS_MAX = 40; // characters of knobs on a label; the tooltip has them all
+
   function label(n) {
     if (n.baseline) return "#" + n.id + " eager";
-    if (n.speedup !== null) return "#" + n.id + " " + n.speedup.toFixed(2) + "x";
-    return "#" + n.id + " " + n.status;
+    const head = "#" + n.id + " " + (n.speedup !== null ? n.speedup.toFixed(2) + "x" : n.status);
+    if (!n.knobs) return head;
+    return head + "  " + (n.knobs.length > KNOBS_MAX ? n.knobs.slice(0, KNOBS_MAX - 1) + "\u2026" : n.knobs);
   }
 
   function tooltip(n) {
@@ -114,9 +117,11 @@
   function drawTree(data) {
     const box = document.getElementById("tree");
     const { pos, rows } = layout(data.nodes);
-    const DX = 120, DY = 28, PAD = 16;
+    const longest = Math.max(8, ...data.nodes.map((n) => label(n).length));
+    const LABEL = 20 + 6.5 * longest; // about 6.5 px a character at 12 px
+    const DX = Math.max(120, LABEL + 24), DY = 28, PAD = 16;
     const depth = Math.max(0, ...data.nodes.map((n) => pos.get(n.id).x));
-    const svg = el("svg", { width: PAD * 2 + depth * DX + 110, height: PAD * 2 + Math.max(rows - 1, 0) * DY + 10,
+    const svg = el("svg", { width: PAD * 2 + depth * DX + LABEL, height: PAD * 2 + Math.max(rows - 1, 0) * DY + 10,
                             "font-family": "system-ui, sans-serif", "font-size": 12, role: "tree" });
     const xy = (id) => [PAD + 8 + pos.get(id).x * DX, PAD + pos.get(id).y * DY];
     for (const n of data.nodes) {
@@ -170,6 +175,59 @@
     await tick(true);
   }
 
+  // Tables with class "sortable": a click on a header sorts by that column (numbers as numbers, "-" last).
+  function cellValue(row, i) {
+    const text = (row.cells[i] ? row.cells[i].textContent : "").trim();
+    const num = parseFloat(text.replace(/^\$/, "").replace(/,/g, ""));
+    return { text, num: /^[-$]?\d/.test(text) && !Number.isNaN(num) ? num : null };
+  }
+
+  function sortBy(table, th) {
+    const i = Array.from(th.parentElement.children).indexOf(th);
+    const desc = !th.classList.contains("sorted-desc");
+    table.querySelectorAll("th").forEach((h) => h.classList.remove("sorted-asc", "sorted-desc"));
+    th.classList.add(desc ? "sorted-desc" : "sorted-asc");
+    const tbody = table.tBodies[0];
+    const rows = Array.from(tbody.rows);
+    rows.sort((ra, rb) => {
+      const a = cellValue(ra, i), b = cellValue(rb, i);
+      if (a.num === null || b.num === null) {
+        if (a.num !== b.num) return a.num === null ? 1 : -1; // dashes and text after numbers
+        return (desc ? -1 : 1) * a.text.localeCompare(b.text);
+      }
+      return (desc ? -1 : 1) * (a.num - b.num);
+    });
+    tbody.replaceChildren(...rows);
+  }
+
+  function sortable(root) {
+    root.querySelectorAll("table.sortable").forEach((table) => {
+      const heads = table.tHead ? table.tHead.rows : [];
+      if (heads.length !== 1) return; // two-row headers (the comparison) are not sortable by a click
+      Array.from(heads[0].cells).forEach((th) => th.addEventListener("click", () => sortBy(table, th)));
+    });
+  }
+
+  // An input#filter with data-table="selector": rows whose text does not contain every word are hidden.
+  function applyFilter() {
+    const input = document.getElementById("filter");
+    if (!input) return;
+    const words = input.value.toLowerCase().split(/\s+/).filter(Boolean);
+    document.querySelectorAll(input.dataset.table + " tbody tr").forEach((tr) => {
+      const text = tr.textContent.toLowerCase();
+      tr.hidden = !words.every((w) => text.includes(w));
+    });
+  }
+
+  function tables() {
+    sortable(document);
+    const input = document.getElementById("filter");
+    if (input) input.addEventListener("input", applyFilter);
+    const content = document.getElementById("content");
+    if (content) new MutationObserver(() => { sortable(content); applyFilter(); }).observe(content, { childList: true });
+  }
+
+  tables();
   if (body.dataset.tree) treePage();
   else if (body.dataset.poll && body.dataset.running === "1") pollFragment();
 })();

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from forge.runtime.result import ForgeModel
+
 log = logging.getLogger(__name__)
 
 NAME = "forge"
@@ -164,7 +166,7 @@ class LazyGraph:
         path = self.options["artifact"]
         fn = forge.load(path, lifted, inputs)
         keys = {k.key for k in read(path)}
-        used = keys & set(fn.counters()) if hasattr(fn, "counters") else set()
+        used = keys & set(fn.counters()) if isinstance(fn, ForgeModel) else set()
         self.kernels = {"used": len(used), "not used": len(keys - used)}
         log.info("forge backend: %d of %d kernels of %s used on this graph (%d not in it)", len(used), len(keys),
                  path, len(keys - used))
@@ -183,7 +185,7 @@ class LazyGraph:
     def counters(self) -> dict[str, Any]:
         """forge's result's counters (forge.runtime.result.ForgeModel.counters) and, under "graph", the calls
         that ran it and those that ran the graph itself, by reason."""
-        inner = self.fn.counters() if self.fn is not None and hasattr(self.fn, "counters") else {}
+        inner = self.fn.counters() if isinstance(self.fn, ForgeModel) else {}
         return {**inner, "graph": {"hits": self.calls, "fallbacks": dict(self.fallbacks)}}
 
 

@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 # (forge.runtime.variants.measure_floor): after it, on Gemma 4 and the SD3.5 MMDiT (0d9eb0b, and dda6433 with a
 # 0.4 share) it left no time for the second, and forge's result was torch.compile's own.
 _SEARCH_SHARE, _COMPILE_BY, _COMPILE_END = 0.5, 0.8, 0.95
-_FLOOR_FIRST = {"cuda": True, "cpu": False}  # CPU compilations take seconds: after the search, as before
 
 
 @dataclass(frozen=True)
@@ -241,8 +240,9 @@ def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: 
 
 
 def _floor(loaded: LoadedModel, cap: Capture | None, shown: Progress) -> tuple[list[Measured], float]:
-    """torch.compile's result measured ahead of the search where that is the rule (_FLOOR_FIRST), else none."""
-    if cap is None or not _FLOOR_FIRST[loaded.device.split(":")[0]]:
+    """torch.compile's result measured ahead of the search on a GPU, else none (on the CPU compilations take
+    seconds: after the search, as before)."""
+    if cap is None or not loaded.device.startswith("cuda"):
         return [], 0.0
     shown.stage("compile")
     return measure_floor(loaded.model, loaded.inputs, loaded.device, cap)

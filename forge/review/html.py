@@ -11,9 +11,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+from forge import confidence
 from forge.review import svg
-from forge.review.data import NodeDetail, RunSummary, RunView, TaskView
+from forge.review.data import NodeDetail, NodeView, RunSummary, RunView, TaskView
 from forge.review.svg import esc
+from forge.store import EvaluationRecord
+from forge.store.recorder import result_of
 
 CSS = (Path(__file__).parent / "static" / "forge.css").read_text()
 
@@ -21,6 +24,20 @@ CSS = (Path(__file__).parent / "static" / "forge.css").read_text()
 def fmt_x(x: float | None) -> str:
     """A speedup such as 1.23x, or a dash."""
     return f"{x:.2f}x" if x is not None else "-"
+
+
+def fmt_speedup(v: TaskView | NodeView) -> str:
+    """A task's or node's speedup with its interval, `~` when noisy: `2.35x [2.20-2.51]`, or a dash."""
+    return confidence.fmt(v.speedup, v.speedup_ci, v.noisy)
+
+
+def fmt_evaluation(e: EvaluationRecord | None) -> str:
+    """An evaluation's speedup with its interval, `~` when noisy, if it passed; else a dash."""
+    if e is None or e.status != "ok":
+        return "-"
+    res = result_of(e)
+    return confidence.fmt(res.speedup, confidence.speedup_ci(res.baseline, res.timing),
+                          confidence.noisy(res.timing) or confidence.noisy(res.baseline))
 
 
 def fmt_num(x: float | None, digits: int = 3) -> str:
@@ -88,7 +105,7 @@ def tasks_table(view: RunView, link: bool) -> str:
         k = t.task
         key = f'<a href="/runs/{esc(k.run_id)}/tasks/{k.id}">{esc(k.key)}</a>' if link else esc(k.key)
         rows.append([key, esc(k.family), esc(f"{100 * (k.share or 0):.1f}%"), esc(fmt_num(t.eager_us, 1)),
-                     esc(fmt_num(t.best_us, 1)), esc(fmt_x(t.speedup)), str(t.tried), str(t.failed),
+                     esc(fmt_num(t.best_us, 1)), esc(fmt_speedup(t)), str(t.tried), str(t.failed),
                      state_badge(k.state), esc(k.stop_reason or "")])
     return _table(["task", "family", "share", "eager us", "best us", "speedup", "tried", "failed", "state",
                    "stopped"], rows, "tasks")
@@ -170,7 +187,7 @@ def node_panel(d: NodeDetail) -> str:
     facts = [("node", f"#{n.id}"), ("task", d.task.key), ("parent", f"#{n.parent_id}" if n.parent_id else "-"),
              ("backend", n.backend), ("origin", n.origin), ("status", status),
              ("knobs", " ".join(f"{k}={v}" for k, v in n.knobs.items()) or "-"), ("visits", str(n.visits)),
-             ("reward", fmt_num(n.reward)), ("speedup", fmt_x(e.speedup if e and e.status == "ok" else None))]
+             ("reward", fmt_num(n.reward)), ("speedup", fmt_evaluation(e))]
     if e and e.message:
         facts.append(("message", e.message))
     parts = [f'<h2 class="node-title">node #{n.id} <span class="badge status-{esc(status)}">{esc(status)}</span></h2>',
@@ -218,5 +235,11 @@ def task_summary(t: TaskView) -> str:
     """A task page's header line."""
     k = t.task
     return (f"<p class=\"meta\">{esc(k.family)}, {esc(f'{100 * (k.share or 0):.1f}%')} of model time, "
-            f"count {k.count}; {t.tried} candidates tried, {t.failed} failed; best {esc(fmt_x(t.speedup))}; "
+            f"count {k.count}; {t.tried} candidates tried, {t.failed} failed; "
+            f"best {esc(fmt_speedup(t))}{esc(_verdict(t))}; "
             f"{state_badge(k.state)} {esc(k.stop_reason or '')}</p>")
+
+
+def _verdict(t: TaskView) -> str:
+    """", the search's verdict" where it reached one."""
+    return f", {t.verdict}" if t.verdict else ""

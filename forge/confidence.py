@@ -36,8 +36,10 @@ def median_ci(samples: Sequence[float], level: float = LEVEL) -> tuple[float, fl
         if nxt / total > tail:
             break
         cum, k = nxt, k + 1
-    # k ranks may be cut off each side: x_(k+1) .. x_(n-k) (1-based), k = 0 is the whole range
-    return s[k], s[n - 1 - k]
+    # P(B < k) <= tail: [x_(k), x_(n+1-k)] (1-based) covers the median with 1 - 2 P(B < k); k = 0: none does,
+    # the whole range is the widest there is
+    cut = max(k - 1, 0)
+    return s[cut], s[n - 1 - cut]
 
 
 def interval(t: Timing) -> tuple[float, float]:

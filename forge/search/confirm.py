@@ -5,7 +5,8 @@ tree, not to tell two close candidates apart. So at the end of a task its `TOP` 
 median) are timed again through the same path (the worker's interleaved clock against eager, the kept calls
 judged; forge.evaluate.judge with `retime`) with `CONFIRM_BENCH`, and forge.confidence.decide picks the winner
 on their intervals: a candidate beats eager, or another candidate, only where the intervals do not overlap.
-A re-timing that fails, or one that there is no time left for, keeps the search's own timing.
+The fastest is always timed again, the others while the run's clock allows; a re-timing that fails, or one
+there is no time left for, keeps the search's own timing.
 """
 
 from __future__ import annotations
@@ -44,21 +45,20 @@ def top(entries: Sequence[Entry], n: int = TOP) -> list[Entry]:
 
 
 def retimed(ev: Evaluator, spec: TaskSpec, entries: Sequence[Entry], until: float | None) -> list[Entry]:
-    """Each entry timed again with `CONFIRM_BENCH` while the clock allows (`until`, time.monotonic), in order;
-    an entry whose re-timing failed or did not run keeps its result."""
-    out = []
-    for e in entries:
-        if until is not None and time.monotonic() > until:
-            out.append(e)
-            continue
+    """Each entry timed again with `CONFIRM_BENCH`, fastest first: the fastest always (the number reported is
+    never the search's short timing), the others while the clock allows (`until`, time.monotonic); an entry
+    whose re-timing failed or did not run keeps its result. In the entries' order."""
+    done: dict[int, Entry] = {}
+    for i, e in enumerate(sorted(entries, key=lambda e: e.result.timing.median_us if e.result.timing else 0.0)):
+        if i and until is not None and time.monotonic() > until:
+            break
         res = ev.retime(spec, e.cand, CONFIRM_BENCH)
         if res.status.passed and res.timing and res.baseline:
-            out.append(Entry(e.key, e.cand, res))
+            done[e.key] = Entry(e.key, e.cand, res)
         else:
             log.warning("task %s: node %d could not be timed again (%s: %s); its first timing stands", spec.key,
                         e.key, res.status.value, res.message[:200])
-            out.append(e)
-    return out
+    return [done.get(e.key, e) for e in entries]
 
 
 def decision(entries: Sequence[Entry]) -> Decision:

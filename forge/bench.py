@@ -10,7 +10,8 @@ Method:
   do_bench); CPU: `time.perf_counter_ns` around the call;
 - candidate and baseline are interleaved call by call in the same process on the same inputs, until
   both have `min_runs` samples and `budget_s` has passed (or `max_runs`);
-- statistics: median, p10, p90, mean and standard deviation, and the count.
+- statistics: median, p10, p90, mean and standard deviation, the count, and the median's 95% interval
+  (order statistics, forge.confidence).
 The roofline floor of a task is its minimum bytes over the device's measured copy bandwidth
 (`measure_bandwidth`); a candidate faster than that cannot be doing the work.
 """
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from forge.confidence import median_ci
 from forge.kernel import Timing
 
 
@@ -43,8 +45,10 @@ def stats(samples_us: list[float]) -> Timing:
     """Summary statistics of samples in microseconds."""
     s = sorted(samples_us)
     n = len(s)
+    lo, hi = median_ci(s)
     return Timing(median_us=statistics.median(s), p10_us=s[int(0.1 * (n - 1))], p90_us=s[int(0.9 * (n - 1))],
-                  mean_us=statistics.fmean(s), std_us=statistics.pstdev(s) if n > 1 else 0.0, n=n)
+                  mean_us=statistics.fmean(s), std_us=statistics.pstdev(s) if n > 1 else 0.0, n=n, ci_lo_us=lo,
+                  ci_hi_us=hi)
 
 
 class Clock:

@@ -82,6 +82,7 @@ class OptimizeReport:
             "layout": self.layout or "row-major", "mode": self.mode,
             "tasks": [{"key": t.key, "family": t.family, "share": t.share, "eager_us": t.eager_us,
                        "best_us": t.best_us, "floor_us": t.floor_us, "speedup": t.speedup,
+                       "speedup_ci": list(t.speedup_ci) if t.speedup_ci else None, "noisy": t.noisy,
                        "candidates": t.candidates, "status": t.status, "stop_reason": t.stop_reason}
                       for t in self.tasks],
             "cost": self.cost,

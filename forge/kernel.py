@@ -156,6 +156,8 @@ class Timing:
     mean_us: float
     std_us: float
     n: int
+    ci_lo_us: float | None = None  # the 95% interval of the median (forge.confidence.median_ci)
+    ci_hi_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,6 @@ class EvalResult:
     @property
     def speedup(self) -> float | None:
         """Baseline median over candidate median, when both were measured."""
-        if self.timing and self.baseline and self.timing.median_us > 0:
-            return self.baseline.median_us / self.timing.median_us
-        return None
+        from forge.confidence import speedup
+
+        return speedup(self.baseline, self.timing)

@@ -60,6 +60,9 @@ class Synthetic(Policy):
             yield EvalResult(Status.OK, timing=timing(max(floor, eager / (1 + k * gain))), baseline=timing(eager),
                              floor_us=floor)
 
+    def retime(self, spec: TaskSpec, cand: Candidate, bench: object) -> EvalResult:
+        return EvalResult(Status.TIMEOUT, "synthetic: not timed again (the first timing stands)")
+
 
 def test_budget_goes_by_share_times_headroom_and_every_stop_is_explained(tmp_path):
     # big share but little headroom; smaller shares with much headroom; one that reaches its floor

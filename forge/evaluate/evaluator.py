@@ -88,6 +88,16 @@ class Evaluator:
                 continue
             yield self._judge(task, c, f.result(), secrets.randbits(40) if seed is None else seed + i)
 
+    def retime(self, task: TaskSpec, cand: Candidate, bench: BenchConfig, seed: int | None = None) -> EvalResult:
+        """Time an evaluated candidate again against eager with `bench` (its build is cached): no verification
+        but of the calls kept while timing; a failure is a result, as in `evaluate`."""
+        built = self.builds.submit(cand).result()
+        if not built.ok:
+            return EvalResult(Status.BUILD_ERROR, _first_error(built.log), build_log=built.log, device=self.device)
+        seed = seed if seed is not None else self.seed if self.seed is not None else secrets.randbits(40)
+        req = EvalRequest(task, cand.backend, built.path, cand.entry, seed, bench, retime=True)
+        return _with_build(self.worker.request(req, self.timeout_s), built)
+
     def close(self) -> None:
         """Stop the worker and the build threads."""
         self.worker.close()

@@ -27,6 +27,7 @@ class EvalRequest:
     seed: int = 0
     bench: BenchConfig | None = DEFAULT_BENCH
     floor_factor: float = 0.8  # reject below this fraction of the roofline floor
+    retime: bool = False  # only time it again (load, the timed rounds, their kept calls judged): a confirmation
 
 
 @dataclass(frozen=True)

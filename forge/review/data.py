@@ -1,11 +1,13 @@
 """The review's view of a run, gathered from the store: summaries, task trees, nodes, op-family times.
 
-Speedups follow the search's convention (forge/search/driver.py): a task's eager time is the smallest baseline
-median measured alongside its candidates, its best time the smallest median of a passing candidate, and
-its speedup eager over best; a task counts as improved (and its kernel is shipped) when that is at least
-`IMPROVED`. A node's own speedup is its evaluation's baseline over its median (both timed interleaved, so load on
-the machine affects both alike); the best-so-far curve is the highest own speedup after each evaluated
-candidate. On a quiet machine it ends near the task's speedup.
+Speedups follow the search's convention (forge/search/driver.py, forge/search/confirm.py): a node's own speedup
+is its latest evaluation's baseline over its median (both timed interleaved, so load on the machine affects both
+alike), with its interval (forge.confidence.speedup_ci). A task's speedup is its best node's own, and its eager
+and best times are that node's: the best node is the one the search recorded (the task's meta `best_node`, after
+its top candidates were timed again), or for a task still searching the passing node of the smallest median. A task
+counts as improved (its kernel is shipped) when the search's verdict says so (meta `verdict`), or for a task
+without one when its speedup is at least `IMPROVED`. The best-so-far curve is the highest own speedup after each
+evaluated candidate.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from forge.confidence import noisy, speedup_ci
 from forge.store import (
     ENV,
     CandidateRecord,
@@ -30,6 +33,7 @@ from forge.store import (
     resolve_url,
     sqlite_file,
 )
+from forge.store.recorder import result_of
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +162,23 @@ class NodeView:
         return e.speedup if e is not None and e.status == "ok" else None
 
     @property
+    def speedup_ci(self) -> tuple[float, float] | None:
+        """The interval of its speedup, if it passed."""
+        e = self.evaluation
+        if e is None or e.status != "ok":
+            return None
+        res = result_of(e)
+        return speedup_ci(res.baseline, res.timing)
+
+    @property
+    def noisy(self) -> bool:
+        """Its timing, or its eager's, spread too far (forge.confidence.noisy)."""
+        if self.evaluation is None:
+            return False
+        res = result_of(self.evaluation)
+        return noisy(res.timing) or noisy(res.baseline)
+
+    @property
     def reason(self) -> str:
         """Why it failed: status and the first line of the message ("" if it did not fail)."""
         if not self.failed or self.evaluation is None:
@@ -176,15 +197,39 @@ class TaskView:
 
     task: TaskRecord
     nodes: tuple[NodeView, ...]  # tree order: depth first, parent before children
-    eager_us: float | None
-    best_us: float | None
+    eager_us: float | None  # the best node's eager (else the median of the paired eager times)
+    best_us: float | None  # the best node's median
     best_id: int | None
     curve: tuple[float | None, ...]  # best speedup so far after each evaluated candidate
 
     @property
+    def best_node(self) -> NodeView | None:
+        """The node whose speedup is the task's."""
+        return next((n for n in self.nodes if n.cand.id == self.best_id), None)
+
+    @property
     def speedup(self) -> float | None:
-        """Eager over best, when both were measured."""
-        return self.eager_us / self.best_us if self.eager_us and self.best_us else None
+        """The best node's own speedup."""
+        n = self.best_node
+        return n.speedup if n is not None else None
+
+    @property
+    def speedup_ci(self) -> tuple[float, float] | None:
+        """Its interval."""
+        n = self.best_node
+        return n.speedup_ci if n is not None else None
+
+    @property
+    def noisy(self) -> bool:
+        """The best node's timing is noisy."""
+        n = self.best_node
+        return n.noisy if n is not None else False
+
+    @property
+    def verdict(self) -> str | None:
+        """The search's verdict: "improved", "no gain", "no gain (within noise)"; None before it decided."""
+        v = self.task.meta.get("verdict")
+        return v if isinstance(v, str) else None
 
     @property
     def tried(self) -> int:
@@ -198,7 +243,9 @@ class TaskView:
 
     @property
     def improved(self) -> bool:
-        """The search would ship this task's winner."""
+        """The search ships (or would ship) this task's winner."""
+        if self.verdict is not None:
+            return self.verdict == "improved"
         return self.speedup is not None and self.speedup >= IMPROVED
 
 
@@ -218,12 +265,18 @@ def task_view(store: Store, task: TaskRecord) -> TaskView:
     eager = statistics.median(paired) if paired else None  # as the search counts it (forge.search.driver)
     best: float | None = None
     best_id = None
+    stored = task.meta.get("best_node", -1)  # the search's decision: a node id, None (nothing passed), or absent
     curve: list[float | None] = []  # the highest own speedup so far (each against eager timed alongside it)
     for e in done:
         if e.status == "ok" and e.time_us_median and (best is None or e.time_us_median < best):
             best, best_id = e.time_us_median, e.candidate_id
         so_far = [v for v in (e.speedup if e.status == "ok" else None, curve[-1] if curve else None) if v is not None]
         curve.append(max(so_far) if so_far else None)
+    if stored is None or stored in evals:
+        best_id = stored
+    pick = evals.get(best_id) if best_id is not None else None
+    best = pick.time_us_median if pick is not None else None
+    eager = pick.baseline_us_median or eager if pick is not None else eager  # eager over best: the node's own
     nodes = tuple(NodeView(c, evals[c.id], depth[c.id], max(c.visits, subtree[c.id]), c.id == best_id)
                   for c in cands)
     return TaskView(task, nodes, eager, best, best_id, tuple(curve))

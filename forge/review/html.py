@@ -17,8 +17,11 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
+from forge import confidence
 from forge.review import source, svg
-from forge.review.data import NodeDetail, RunSummary, RunView, TaskView
+from forge.review.data import NodeDetail, NodeView, RunSummary, RunView, TaskView
+from forge.store import EvaluationRecord
+from forge.store.recorder import result_of
 
 CSS = (Path(__file__).parent / "static" / "forge.css").read_text() + "\n" + source.stylesheet()
 
@@ -26,6 +29,20 @@ CSS = (Path(__file__).parent / "static" / "forge.css").read_text() + "\n" + sour
 def fmt_x(x: float | None) -> str:
     """A speedup such as 1.23x, or a dash."""
     return f"{x:.2f}x" if x is not None else "-"
+
+
+def fmt_speedup(v: TaskView | NodeView) -> str:
+    """A task's or node's speedup with its interval, `~` when noisy: `2.35x [2.20-2.51]`, or a dash."""
+    return confidence.fmt(v.speedup, v.speedup_ci, v.noisy)
+
+
+def fmt_evaluation(e: EvaluationRecord | None) -> str:
+    """An evaluation's speedup with its interval, `~` when noisy, if it passed; else a dash."""
+    if e is None or e.status != "ok":
+        return "-"
+    res = result_of(e)
+    return confidence.fmt(res.speedup, confidence.speedup_ci(res.baseline, res.timing),
+                          confidence.noisy(res.timing) or confidence.noisy(res.baseline))
 
 
 def fmt_num(x: float | None, digits: int = 3) -> str:
@@ -56,7 +73,7 @@ def env() -> Environment:
     """The template environment: autoescape on for every template, undefined names an error."""
     e = Environment(loader=PackageLoader("forge.review", "templates"), autoescape=select_autoescape(default=True),
                     undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    e.filters.update(x=fmt_x, num=fmt_num, secs=fmt_secs, when=fmt_when, pct=fmt_pct)
+    e.filters.update(x=fmt_x, speedup=fmt_speedup, num=fmt_num, secs=fmt_secs, when=fmt_when, pct=fmt_pct)
     e.globals.update(highlight=source.highlight, split_prelude=source.split_prelude)
     return e
 
@@ -131,7 +148,7 @@ def node_facts(d: NodeDetail) -> list[tuple[str, str]]:
     facts = [("node", f"#{n.id}"), ("task", d.task.key), ("parent", f"#{n.parent_id}" if n.parent_id else "-"),
              ("backend", n.backend), ("origin", n.origin), ("status", e.status if e else n.status),
              ("knobs", " ".join(f"{k}={v}" for k, v in n.knobs.items()) or "-"), ("visits", str(n.visits)),
-             ("reward", fmt_num(n.reward)), ("speedup", fmt_x(e.speedup if e and e.status == "ok" else None))]
+             ("reward", fmt_num(n.reward)), ("speedup", fmt_evaluation(e))]
     if e and e.message:
         facts.append(("message", e.message))
     return facts

@@ -19,12 +19,14 @@ def runs_json(summaries: list[RunSummary]) -> list[dict[str, Any]]:
 def tree_json(t: TaskView, run_state: str) -> dict[str, Any]:
     """A task's tree for the page script: one entry per node, parents first."""
     nodes = [{"id": n.cand.id, "parent_id": n.cand.parent_id, "depth": n.depth, "status": n.status,
-              "baseline": n.baseline, "failed": n.failed, "best": n.best, "speedup": n.speedup, "visits": n.visits,
+              "baseline": n.baseline, "failed": n.failed, "best": n.best, "speedup": n.speedup,
+              "speedup_ci": list(n.speedup_ci) if n.speedup_ci else None, "noisy": n.noisy, "visits": n.visits,
               "knobs": n.knobs_text(), "reason": n.reason, "origin": n.cand.origin} for n in t.nodes]
     version = f"{run_state}:{t.task.state}:{len(nodes)}:{t.tried}"
     return {"task": {"id": t.task.id, "key": t.task.key, "family": t.task.family, "state": t.task.state,
                      "stop_reason": t.task.stop_reason, "speedup": t.speedup, "tried": t.tried, "failed": t.failed,
-                     "best_node": t.best_id},
+                     "best_node": t.best_id, "speedup_ci": list(t.speedup_ci) if t.speedup_ci else None,
+                     "noisy": t.noisy, "verdict": t.verdict},
             "run_state": run_state, "version": version, "nodes": nodes}
 
 

@@ -32,6 +32,8 @@ def report_json(view: RunView) -> dict[str, Any]:
         "tasks": [{"id": t.task.id, "key": t.task.key, "family": t.task.family, "count": t.task.count,
                    "ms": t.task.ms, "share": t.task.share, "state": t.task.state, "stop_reason": t.task.stop_reason,
                    "eager_us": t.eager_us, "best_us": t.best_us, "speedup": t.speedup, "best_node": t.best_id,
+                   "speedup_ci": list(t.speedup_ci) if t.speedup_ci else None, "noisy": t.noisy,
+                   "verdict": t.verdict,
                    "candidates": t.tried, "failed": t.failed, "improved": t.improved, "best_so_far": list(t.curve)}
                   for t in view.tasks],
         "families": [{"family": f, "before_ms": b, "after_ms": a} for f, b, a in view.families()],
@@ -95,7 +97,7 @@ def print_report(view: RunView, console: Console | None = None) -> None:
     cols = [Col("task"), Col("family"), *(Col(c, True) for c in ("share", "eager us", "best us", "speedup", "tried",
                                                                     "failed")), Col("curve"), Col("stopped")]
     rows = [[Text(t.task.key), Text(t.task.family), f"{100 * (t.task.share or 0):.1f}%", html.fmt_num(t.eager_us, 1),
-             html.fmt_num(t.best_us, 1), html.fmt_x(t.speedup), str(t.tried), str(t.failed), sparkline(t.curve),
+             html.fmt_num(t.best_us, 1), html.fmt_speedup(t), str(t.tried), str(t.failed), sparkline(t.curve),
              Text(t.task.stop_reason or t.task.state)] for t in view.tasks]
     table = terminal.table(cols, rows, console.width, title="tasks")
     console.print(table)

@@ -17,7 +17,7 @@ from rich.tree import Tree
 
 from forge import terminal
 from forge.review.data import NodeDetail, NodeView, RunSummary, TaskView
-from forge.review.html import fmt_num, fmt_secs, fmt_x
+from forge.review.html import fmt_evaluation, fmt_num, fmt_secs, fmt_speedup, fmt_x
 from forge.review.source import LEXERS
 from forge.terminal import Col
 
@@ -48,7 +48,7 @@ def node_label(n: NodeView) -> Text:
         style = "green" if n.status == "ok" else "yellow" if n.evaluation is None else "red"
         text.append(n.status, style=style)
         if n.speedup is not None:
-            text.append(f" {n.speedup:.2f}x", style="bold green" if n.best else "")
+            text.append(f" {fmt_speedup(n)}", style="bold green" if n.best else "")
     text.append(f"  visits {n.visits}", style="dim")
     if n.best:
         text.append("  ★ best", style="bold")
@@ -64,7 +64,7 @@ def task_tree(t: TaskView) -> Tree:
     k = t.task
     head = Text(f"{k.key}", style="bold")
     head.append(f"  {k.family}, {100 * (k.share or 0):.1f}% of model time; {t.tried} tried, {t.failed} failed, "
-                f"best {fmt_x(t.speedup)}; {k.stop_reason or k.state}")
+                f"best {fmt_speedup(t)}{', ' + t.verdict if t.verdict else ''}; {k.stop_reason or k.state}")
     root = Tree(head)
     branch: dict[int, Tree] = {}
     for n in t.nodes:
@@ -96,7 +96,7 @@ def print_node(d: NodeDetail, console: Console | None = None) -> None:
             ("knobs", " ".join(f"{k}={v}" for k, v in n.knobs.items()) or "-"), ("visits", str(n.visits)),
             ("reward", fmt_num(n.reward))]
     if e is not None:
-        rows += [("message", e.message or "-"), ("speedup", fmt_x(e.speedup if e.status == "ok" else None)),
+        rows += [("message", e.message or "-"), ("speedup", fmt_evaluation(e)),
                  ("device", e.device), ("device s", f"{e.device_seconds:.2f}")]
     for a, b in rows:
         facts.add_row(a, Text(b))

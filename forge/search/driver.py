@@ -27,11 +27,13 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from datetime import timezone
 from typing import Any
 
+from forge.confidence import noisy, speedup_ci
 from forge.evaluate.build import build
 from forge.evaluate.evaluator import Evaluator
 from forge.kernel import Candidate, EvalResult, Feedback, TaskSpec
 from forge.policy.base import Policy
 from forge.progress import Progress
+from forge.search.confirm import Entry, decision, retimed, top
 from forge.search.mcts import FAIL, MCTS, Node, reward_of
 from forge.search.recorder import NodeRow, Recorder, TaskRow
 from forge.tasks.cut import Task
@@ -62,16 +64,14 @@ class TaskOutcome:
     eager_us: float | None
     best_us: float | None
     candidates: int
-    status: str  # "improved" | "no gain" | "not mine" | "skipped"
+    status: str  # "improved" | "no gain" | "no gain (within noise)" | "not mine" | "skipped"
     stop_reason: str
-    best: Candidate | None = None
+    best: Candidate | None = None  # the winner (None: eager stays)
     library: str | None = None  # the built winner
     floor_us: float | None = None  # the roofline floor: the task's bytes at the device's copy bandwidth
-
-    @property
-    def speedup(self) -> float | None:
-        """Eager over best, when both were measured."""
-        return self.eager_us / self.best_us if self.eager_us and self.best_us else None
+    speedup: float | None = None  # the best node's own (its eager over its median; eager_us and best_us are its)
+    speedup_ci: tuple[float, float] | None = None  # its 95% interval (forge.confidence)
+    noisy: bool = False  # its timing (or its eager's) spread too far (forge.confidence.noisy)
 
 
 def knobs_of(payload: Any) -> dict[str, Any]:
@@ -114,6 +114,8 @@ class TaskSearch:
         self.db_id: dict[int, int] = {}  # tree node id -> its recorded id
         self.results: dict[int, EvalResult] = {}  # tree node id -> its evaluation (what feedback reports)
         self.best: tuple[float, Candidate] | None = None  # (median us, candidate)
+        self.best_node: int | None = None  # its tree node id
+        self.passed: dict[int, Callable[[], Candidate]] = {}  # tree node id -> its candidate, of the passing nodes
         self.baselines: list[float] = []  # every paired eager median measured
         self.floor_us: float | None = None
         self.tried = 0
@@ -145,7 +147,7 @@ class TaskSearch:
             self.results[node.id] = c.result
             if c.evaluated_at is not None:
                 self.last_at = c.evaluated_at if self.last_at is None else max(self.last_at, c.evaluated_at)
-            self._account(c.result, lambda c=c, payload=payload, ok=ok: self._candidate(c, payload, ok))
+            self._account(node.id, c.result, lambda c=c, payload=payload, ok=ok: self._candidate(c, payload, ok))
 
     def _candidate(self, c: NodeRow, payload: Any, ok: bool) -> Candidate:
         if ok:
@@ -155,7 +157,7 @@ class TaskSearch:
                 log.warning("cannot re-render candidate %d: %s", c.id, e)
         return Candidate(c.backend, c.source, c.entry)
 
-    def _account(self, ev: EvalResult, cand: Callable[[], Candidate]) -> None:
+    def _account(self, key: int, ev: EvalResult, cand: Callable[[], Candidate]) -> None:
         """Count one evaluation (made now, or read back on --resume): eager time, floor, best and patience."""
         self.tried += 1
         passed, median = ev.status.passed, ev.timing.median_us if ev.timing else None
@@ -163,15 +165,18 @@ class TaskSearch:
         self.floor_us = floor or self.floor_us
         if baseline:
             self.baselines.append(baseline)
+        if passed and median:
+            self.passed[key] = cand
         if passed and median and (self.best is None or median < self.best[0]):
-            self.best, self.since_best = (median, cand()), 0
+            self.best, self.best_node, self.since_best = (median, cand()), key, 0
         else:
             self.since_best += 1
 
     @property
     def speedup(self) -> float | None:
-        """Eager over the best candidate's time, once both are measured."""
-        return self.eager_us / self.best[0] if self.best and self.eager_us else None
+        """The best node's own speedup (its eager over its median), once one passed."""
+        res = self.results.get(self.best_node) if self.best_node is not None else None
+        return res.speedup if res is not None else None
 
     def halt(self, reason: str) -> None:
         """Stop the task with `reason` (or the reason it already stopped for) and report it, once."""
@@ -221,7 +226,7 @@ class TaskSearch:
                                        strict=True):
                 self.tree.report(node, reward_of(res.speedup if res.status.passed else None))  # backpropagate
                 self._record(node, cand, res)
-                self._account(res, lambda cand=cand: cand)
+                self._account(node.id, res, lambda cand=cand: cand)
                 try:  # feedback for policies that learn from outcomes (LLMs)
                     self.policy.observe(self.spec, node.payload, cand, res)
                 except Exception:  # noqa: BLE001 - lost feedback, not a lost run
@@ -262,19 +267,31 @@ class TaskSearch:
         self.meta.update(kw)
         self.recorder.update_task(self.rec.id, meta=dict(self.meta))
 
-    def finish(self, ev: Evaluator, reason: str) -> TaskOutcome:
-        """Record the task done and build its winner, if it beat eager by 5%."""
+    def finish(self, ev: Evaluator, reason: str, until: float | None = None) -> TaskOutcome:
+        """Record the task done; time its fastest candidates again (until `until`, time.monotonic) and build the
+        winner, if the intervals say one beats eager (forge.search.confirm)."""
         self.halt(reason)
-        share = self.task.share or 0.0
         if self.rec.state != "done" or self.rec.stop_reason != self.stop:
             self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)
-        best = self.best
-        gain = best is not None and self.eager_us is not None and best[0] < self.eager_us / 1.05
-        library = build(best[1], ev.arch, ev.cache_dir).path if gain and best else None
-        status = "improved" if gain else "no gain" if self.tried else "skipped"
-        return TaskOutcome(self.task.key, self.task.family, share, self.eager_us, best[0] if best else None,
-                           self.tried, status, self.stop or reason, best[1] if gain and best else None, library,
-                           self.floor_us)
+        entries = [Entry(k, cand(), self.results[k]) for k, cand in self.passed.items()]
+        confirmed = retimed(ev, self.spec, top(entries), until)
+        for e in confirmed:
+            if e.result is not self.results[e.key]:
+                self.results[e.key] = e.result
+                self.recorder.retimed(self.db_id[e.key], e.result)
+        d = decision(confirmed)
+        best = next((e for e in confirmed if d.best and e.key == d.best.key), None)
+        res = best.result if best else None
+        library = build(best.cand, ev.arch, ev.cache_dir).path if d.winner and best else None
+        status = d.status if self.tried else "skipped"
+        if best is not None:
+            self.best, self.best_node = (res.timing.median_us, best.cand), best.key
+        self.set_meta(best_node=self.db_id[best.key] if best else None, verdict=status)
+        t, b = (res.timing, res.baseline) if res else (None, None)
+        return TaskOutcome(self.task.key, self.task.family, self.task.share or 0.0,
+                           b.median_us if b else self.eager_us, t.median_us if t else None, self.tried, status,
+                           self.stop or reason, best.cand if d.winner and best else None, library, self.floor_us,
+                           res.speedup if res else None, speedup_ci(b, t), noisy(t) or noisy(b))
 
 
 def _bandwidth(states: list[TaskSearch]) -> float | None:
@@ -324,8 +341,9 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
             s.run(min(budget.min_per_task, s.tried + left()), ev, deadline, budget)
     shown.stage("search")
     _deepen([s for s in states if s.stop is None], states, left, ev, deadline, budget)
+    until = deadline + max(2.0, 0.1 * budget.seconds)  # the re-timing's share, past the search's deadline
     for s in states:
-        out[s.task.key] = s.finish(ev, "run budget spent")
+        out[s.task.key] = s.finish(ev, "run budget spent", until)
     return [out[t.key] for t in ranked]
 
 

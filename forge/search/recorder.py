@@ -71,6 +71,10 @@ class Recorder(ABC):
         """Record one evaluated node (the candidate, its result, the LLM calls it came from); its id."""
 
     @abstractmethod
+    def retimed(self, node_id: int, res: EvalResult) -> None:
+        """Record a recorded node's new timing (forge.search.confirm): its latest evaluation."""
+
+    @abstractmethod
     def nodes(self, task_id: int) -> list[NodeRow]:
         """A task's recorded nodes, parents before children (for --resume)."""
 

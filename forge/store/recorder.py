@@ -21,11 +21,12 @@ def evaluation_fields(res: EvalResult) -> dict[str, object]:
     if res.timing:
         t = res.timing
         spread = {"p10": t.p10_us, "p90": t.p90_us, "mean": t.mean_us, "std": t.std_us, "n": t.n,
-                  "floor_us": res.floor_us}
+                  "ci_lo": t.ci_lo_us, "ci_hi": t.ci_hi_us, "floor_us": res.floor_us}
     verify = dict(res.verify)
     if res.baseline:
         verify["baseline"] = {"median": res.baseline.median_us, "p10": res.baseline.p10_us,
-                              "p90": res.baseline.p90_us, "n": res.baseline.n}
+                              "p90": res.baseline.p90_us, "n": res.baseline.n, "ci_lo": res.baseline.ci_lo_us,
+                              "ci_hi": res.baseline.ci_hi_us}
     return {"status": res.status.value, "message": res.message, "build_log": res.build_log, "verify": verify,
             "time_us_median": res.timing.median_us if res.timing else None, "time_us_spread": spread,
             "baseline_us_median": res.baseline.median_us if res.baseline else None, "device": res.device,
@@ -39,11 +40,12 @@ def result_of(ev: EvaluationRecord) -> EvalResult:
     if ev.time_us_median is not None:
         m = ev.time_us_median
         timing = Timing(m, spread.get("p10", m), spread.get("p90", m), spread.get("mean", m), spread.get("std", 0.0),
-                        int(spread.get("n", 0)))
+                        int(spread.get("n", 0)), spread.get("ci_lo"), spread.get("ci_hi"))
     baseline = None
     if ev.baseline_us_median is not None:
         b, kept = ev.baseline_us_median, (ev.verify or {}).get("baseline", {})
-        baseline = Timing(b, kept.get("p10", b), kept.get("p90", b), b, 0.0, int(kept.get("n", 0)))
+        baseline = Timing(b, kept.get("p10", b), kept.get("p90", b), b, 0.0, int(kept.get("n", 0)), kept.get("ci_lo"),
+                          kept.get("ci_hi"))
     try:
         status = Status(ev.status)
     except ValueError:  # a status this version does not know: not a pass
@@ -86,6 +88,9 @@ class StoreRecorder(Recorder):
         self.store.link_llm_calls(cand.llm_calls, row.id)  # the prompts and answers behind this node
         self.store.add_evaluation(row.id, **evaluation_fields(res))
         return row.id
+
+    def retimed(self, node_id: int, res: EvalResult) -> None:
+        self.store.add_evaluation(node_id, **evaluation_fields(res))
 
     def nodes(self, task_id: int) -> list[NodeRow]:
         out = []

@@ -9,6 +9,8 @@ from rich.table import Table
 
 from forge import terminal
 from forge.capture.profile import Profile
+from forge.confidence import fmt as fmt_speedup
+from forge.confidence import noisy, speedup_ci
 from forge.kernel import Candidate, EvalResult
 from forge.tasks.cut import Task
 from forge.terminal import Col
@@ -77,7 +79,8 @@ def print_eval(task: Task, cand: Candidate, res: EvalResult, console: Console | 
         b = res.baseline
         table.add_row("eager", f"median {b.median_us:.2f} us (p10 {b.p10_us:.2f}, p90 {b.p90_us:.2f}, n={b.n})")
     if res.speedup:
-        table.add_row("speedup", f"{res.speedup:.2f}x")
+        table.add_row("speedup", fmt_speedup(res.speedup, speedup_ci(res.baseline, res.timing),
+                                             noisy(res.timing) or noisy(res.baseline)))
     if res.floor_us:
         table.add_row("floor", f"{res.floor_us:.2f} us ({task.bytes} bytes)")
     console.print(table)
@@ -91,7 +94,7 @@ def print_optimize(report: Any, console: Console | None = None) -> None:
     cols = [Col("task"), Col("family"), *(Col(c, True) for c in ("share", "eager us", "best us", "speedup",
                                                                     "cand.")), Col("status"), Col("stopped")]
     rows = [[t.key, t.family, f"{100 * t.share:.1f}%", f"{t.eager_us:.1f}" if t.eager_us else "-",
-             f"{t.best_us:.1f}" if t.best_us else "-", f"{t.speedup:.2f}x" if t.speedup else "-",
+             f"{t.best_us:.1f}" if t.best_us else "-", fmt_speedup(t.speedup, t.speedup_ci, t.noisy),
              str(t.candidates), t.status, t.stop_reason] for t in report.tasks if t.status != "skipped"]
     mode = "training mode, as constructed" if report.mode == "train" else "eval mode"
     table = terminal.table(cols, rows, console.width, title=f"run {report.run_id} on {report.device} "

@@ -82,18 +82,26 @@
     return "#eeca3b"; // pending / building
   }
 
+  // a speedup with its interval, "~" when its timing is noisy (forge.confidence.fmt)
+  function fmtSpeedup(x, ci, noisy) {
+    if (x === null || x === undefined) return "-";
+    const interval = ci ? " [" + ci[0].toFixed(2) + "-" + ci[1].toFixed(2) + "]" : "";
+    return x.toFixed(2) + "x" + interval + (noisy ? " ~" : "");
+  }
+
   const KNOBS_MAX = 40; // characters of knobs on a label; the tooltip has them all
 
   function label(n) {
     if (n.baseline) return "#" + n.id + " eager";
-    const head = "#" + n.id + " " + (n.speedup !== null ? n.speedup.toFixed(2) + "x" : n.status);
+    const head = "#" + n.id + " " + (n.speedup !== null ? n.speedup.toFixed(2) + "x" + (n.noisy ? " ~" : "") : n.status);
     if (!n.knobs) return head;
     return head + "  " + (n.knobs.length > KNOBS_MAX ? n.knobs.slice(0, KNOBS_MAX - 1) + "\u2026" : n.knobs);
   }
 
   function tooltip(n) {
     const lines = ["node #" + n.id + " (" + n.origin + "): " + n.status, "visits " + n.visits];
-    if (n.speedup !== null) lines.push("speedup " + n.speedup.toFixed(3) + "x");
+    if (n.speedup !== null) lines.push("speedup " + fmtSpeedup(n.speedup, n.speedup_ci, n.noisy) +
+      (n.noisy ? " (noisy timing)" : ""));
     if (n.knobs) lines.push(n.knobs);
     if (n.reason) lines.push(n.reason);
     return lines.join("\n");
@@ -148,7 +156,7 @@
     const s = document.getElementById("task-summary");
     const t = data.task;
     if (s) s.textContent = `${t.family}: ${t.tried} candidates tried, ${t.failed} failed; best ` +
-      (t.speedup !== null ? t.speedup.toFixed(2) + "x" : "-") + `; ${t.state}` + (t.stop_reason ? ": " + t.stop_reason : "");
+      fmtSpeedup(t.speedup, t.speedup_ci, t.noisy) + (t.verdict ? ", " + t.verdict : "") + `; ${t.state}` + (t.stop_reason ? ": " + t.stop_reason : "");
   }
 
   async function treePage() {

@@ -1,0 +1,67 @@
+"""Before a task's winner is declared: its fastest candidates timed again, with enough samples for intervals.
+
+The search times each candidate briefly (forge.bench.DEFAULT_BENCH: 10 samples at least), enough to steer the
+tree, not to tell two close candidates apart. So at the end of a task its `TOP` fastest passing candidates (by
+median) are timed again through the same path (the worker's interleaved clock against eager, the kept calls
+judged; forge.evaluate.judge with `retime`) with `CONFIRM_BENCH`, and forge.confidence.decide picks the winner
+on their intervals: a candidate beats eager, or another candidate, only where the intervals do not overlap.
+The fastest is always timed again, the others while the run's clock allows; a re-timing that fails, or one
+there is no time left for, keeps the search's own timing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from forge.bench import BenchConfig
+from forge.confidence import Contender, Decision, decide
+from forge.evaluate.evaluator import Evaluator
+from forge.kernel import Candidate, EvalResult, TaskSpec
+
+log = logging.getLogger(__name__)
+
+TOP = 3  # candidates timed again per task
+CONFIRM_BENCH = BenchConfig(warmup_s=0.05, budget_s=0.6, min_runs=30, max_runs=400)
+IMPROVED = 1.05  # a winner is at least this much faster than what it replaces, by the medians
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A passing node of a task: its tree id, its candidate and its latest evaluation."""
+
+    key: int
+    cand: Candidate
+    result: EvalResult
+
+
+def top(entries: Sequence[Entry], n: int = TOP) -> list[Entry]:
+    """The `n` fastest passing entries by median, in the order they were found."""
+    timed = [e for e in entries if e.result.status.passed and e.result.timing and e.result.baseline]
+    fastest = sorted(timed, key=lambda e: e.result.timing.median_us if e.result.timing else 0.0)[:n]
+    return sorted(fastest, key=lambda e: e.key)
+
+
+def retimed(ev: Evaluator, spec: TaskSpec, entries: Sequence[Entry], until: float | None) -> list[Entry]:
+    """Each entry timed again with `CONFIRM_BENCH`, fastest first: the fastest always (the number reported is
+    never the search's short timing), the others while the clock allows (`until`, time.monotonic); an entry
+    whose re-timing failed or did not run keeps its result. In the entries' order."""
+    done: dict[int, Entry] = {}
+    for i, e in enumerate(sorted(entries, key=lambda e: e.result.timing.median_us if e.result.timing else 0.0)):
+        if i and until is not None and time.monotonic() > until:
+            break
+        res = ev.retime(spec, e.cand, CONFIRM_BENCH)
+        if res.status.passed and res.timing and res.baseline:
+            done[e.key] = Entry(e.key, e.cand, res)
+        else:
+            log.warning("task %s: node %d could not be timed again (%s: %s); its first timing stands", spec.key,
+                        e.key, res.status.value, res.message[:200])
+    return [done.get(e.key, e) for e in entries]
+
+
+def decision(entries: Sequence[Entry]) -> Decision:
+    """forge.confidence.decide over the entries (their keys are the contenders' keys)."""
+    return decide([Contender(e.key, e.result.timing, e.result.baseline) for e in entries
+                   if e.result.timing and e.result.baseline], IMPROVED)

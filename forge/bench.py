@@ -11,6 +11,19 @@ Method:
 - candidate and baseline are interleaved call by call in the same process on the same inputs, until
   both have `min_runs` samples and `budget_s` has passed (or `max_runs`);
 - statistics: median, p10, p90, mean and standard deviation, and the count.
+The same conditions for both (issue 13 item 8, a fair clock): every timed call of either side allocates
+its outputs inside the timed region. Eager's ATen op does (an `empty_like` in the op); the candidate is
+timed as the dispatcher runs it in the model (forge.runtime.dispatch.GuardedKernel allocates each call's
+outputs with `empty_like`/`empty_strided`), so the harness wraps it in a call that allocates its outputs with
+`torch.empty_strided` from the same allocator first (forge.evaluate.spotcheck.SpotCheck.wrap, in the worker).
+Timing `out=` into one buffer reused was not fair: on the CPU a large output's first touch (fresh pages every
+call, as eager pays) is a good part of a memory-bound op, and a copy of eager's own op into a reused buffer
+measured 2.3-2.9x "faster" than eager on a 32x393216 softmax, against 1.0x with both allocating
+(benchmarks/fair_clock.py, benchmarks/results/cpu-fair-clock.json). Allocating both outside the timed region
+is no option: eager's allocation cannot be taken out of its call. The roofline floor's check and the search's
+"reached the roofline floor" stop read these times. A task's eager time is the median of the eager medians
+timed alongside its candidates (forge.search.driver.TaskSearch.eager_us), never the smallest: one disturbed
+baseline must not move it.
 The roofline floor of a task is its minimum bytes over the device's measured copy bandwidth
 (`measure_bandwidth`); a candidate faster than that cannot be doing the work.
 """

@@ -12,6 +12,20 @@ Method:
   both have `min_runs` samples and `budget_s` has passed (or `max_runs`);
 - statistics: median, p10, p90, mean and standard deviation, the count, and the median's 95% interval
   (order statistics, forge.confidence).
+The same conditions for both (issue 13 item 8, a fair clock): every timed call of either side allocates
+its outputs inside the timed region. Eager's ATen op does (an `empty_like` in the op); the candidate is
+timed as the dispatcher runs it in the model (forge.runtime.dispatch.GuardedKernel allocates each call's
+outputs with `empty_like`/`empty_strided`), so the harness wraps it in a call that allocates its outputs with
+`torch.empty_strided` from the same allocator first (forge.evaluate.spotcheck.SpotCheck.wrap, in the worker).
+Timing `out=` into one buffer reused was not fair: on the CPU a large output's first touch (fresh pages every
+call, as eager pays) is a good part of a memory-bound op: a kernel doing eager's work measured 2.3-2.9x
+"faster" than eager on a 32x393216 softmax that way, 1.02x with both allocating (the issue); eager's own op
+through `out=` into a reused buffer, 3.3-3.9x on softmax and log_softmax, 0.86-1.00x allocating each call
+(benchmarks/fair_clock.py on a loaded 2-core CPU: benchmarks/results/cpu-fair-clock.json).
+Allocating both outside the timed region is no option: eager's allocation cannot be taken out of its call.
+The roofline floor's check and the search's "reached the roofline floor" stop read these times. A task's
+eager time is the median of the eager medians timed alongside its candidates
+(forge.search.driver.TaskSearch.eager_us), never the smallest: one disturbed baseline must not move it.
 The roofline floor of a task is its minimum bytes over the device's measured copy bandwidth
 (`measure_bandwidth`); a candidate faster than that cannot be doing the work.
 """

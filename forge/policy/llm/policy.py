@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+import statistics
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -74,7 +75,8 @@ class _Node:
 class _TaskLog:
     attempts: list[str] = field(default_factory=list)  # outcome lines, oldest first (measured numbers marked)
     best: tuple[float, Candidate] | None = None
-    eager_us: float | None = None
+    eager_us: float | None = None  # the median of `baselines`
+    baselines: list[float] = field(default_factory=list)  # every paired eager median observed
     floor_us: float | None = None
     firsts: int = 0
     digests: set[str] = field(default_factory=set)
@@ -161,7 +163,8 @@ class LLMPolicy(Policy):
         """What the search measured for a node: the lineage later prompts show."""
         tl = self._log(spec)
         if res.baseline:
-            tl.eager_us = min(tl.eager_us or res.baseline.median_us, res.baseline.median_us)
+            tl.baselines.append(res.baseline.median_us)  # the median, as the search counts it: not the smallest
+            tl.eager_us = statistics.median(tl.baselines)
         tl.floor_us = res.floor_us or tl.floor_us
         if res.status.passed and res.timing and (tl.best is None or res.timing.median_us < tl.best[0]):
             tl.best = (res.timing.median_us, cand)

@@ -1,0 +1,156 @@
+"""A fair clock (issue 13 item 8): candidate and eager timed under the same conditions, and a task's eager
+time the median of its paired measurements.
+
+The protocol is asserted, not a speed (speeds are benchmarks/fair_clock.py's): the worker's real Time step,
+in this process, with a real built kernel, allocates the candidate's outputs inside every timed call, as
+eager and the dispatcher do. The median is checked on the eager times recorded in the issue (one 3.35 ms
+outlier against 37-48 ms) through a real search into a real store, the review, and the LLM policy's lineage.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import forge.evaluate.spotcheck
+from forge.bench import BenchConfig, Clock
+from forge.capture.export import capture
+from forge.evaluate import child
+from forge.evaluate.arena import Arena
+from forge.evaluate.build import build
+from forge.evaluate.steps import Load, Time
+from forge.kernel import Candidate, EvalResult, Status, TaskSpec, Timing
+from forge.policy.base import Policy
+from forge.review.data import task_view
+from forge.search.driver import Budget, search
+from forge.store import Store
+from forge.store.recorder import StoreRecorder
+from forge.tasks.cut import Task, build_tasks
+
+GOOD = Path(__file__).resolve().parent / "corpus" / "cpu" / "good.cpp"  # a right SiLU
+
+
+class _Recording(Clock):
+    """forge's clock, noting where each timed call starts and stops."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__("cpu")
+        self.events = events
+
+    def time_us(self, fn: Callable[[], object]) -> float:
+        self.events.append("start")
+        try:
+            return super().time_us(fn)
+        finally:
+            self.events.append("stop")
+
+
+def test_the_worker_allocates_the_candidates_outputs_inside_every_timed_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = TaskSpec.of(build_tasks(capture(torch.nn.SiLU(), [torch.randn(64, 1000)]).graph_module.graph)[0])
+    built = build(Candidate("cpu", GOOD.read_text()), cache_dir=tmp_path)
+    assert built.ok, built.log
+    events: list[str] = []
+    fresh: list[torch.Tensor] = []  # every output the harness allocated, kept so no address is reused
+    real = forge.evaluate.spotcheck.empty_output
+
+    def counted(meta, device):  # noqa: ANN001, ANN202 - the harness's own allocation, noted
+        t = real(meta, device)
+        events.append("alloc")
+        fresh.append(t)
+        return t
+    monkeypatch.setattr(forge.evaluate.spotcheck, "empty_output", counted)
+
+    st = child._State("cpu")
+    assert child.handle(Load(spec, "cpu", built.path, "forge_launch"), st).status is Status.OK
+    arena = Arena("cpu")
+    try:
+        ins = arena.plan(spec.inputs)
+        kept = ((tuple(arena.plan(spec.inputs)), tuple(arena.plan(spec.outputs))),)
+        ref = arena.open()
+        arena.view(ins[0]).copy_(torch.randn(64, 1000))
+        st.clock = _Recording(events)
+        bench = BenchConfig(warmup_s=0.0, budget_s=0.0, min_runs=6, max_runs=6)
+        reply = child.handle(Time(ref, tuple(ins), kept, bench), st)
+    finally:
+        arena.close()
+    assert reply.status is Status.OK and reply.timing is not None and reply.baseline is not None
+    timed = events[events.index("start"):]
+    # candidate then eager, call by call: the candidate's output allocated between its start and stop,
+    # eager's inside its own op (the harness allocates nothing for it)
+    assert timed == ["start", "alloc", "stop", "start", "stop"] * 6, timed
+    assert events[:events.index("start")] == ["alloc"] * events.index("start")  # warm-up calls: fresh too
+    assert len({t.data_ptr() for t in fresh}) == len(fresh)  # a new buffer every call, never one reused
+
+
+# Eager medians (us) of one task's paired measurements, as recorded in the issue: one disturbed baseline
+# of 3.35 ms among 37-48 ms.
+RECORDED_EAGER = [41_200.0, 3_350.0, 37_900.0, 47_800.0, 44_100.0, 39_600.0]
+CANDIDATE_US = [40_000.0, 36_000.0, 20_000.0, 7_000.0, 30_000.0, 38_000.0]  # 1.0-6.9x against their own
+
+
+class _Replay(Policy):
+    """Policy and evaluator in one: replays the recorded pairs, one evaluation each."""
+
+    name = "replay"
+    arch = None
+    cache_dir = None
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def mine(self, spec: TaskSpec) -> str | None:
+        return None
+
+    def propose(self, spec: TaskSpec, parent: object, feedback: object) -> list[int]:
+        return list(range(len(RECORDED_EAGER)))
+
+    def render(self, spec: TaskSpec, payload: int) -> Candidate:
+        return Candidate("cpu", GOOD.read_text())
+
+    def evaluate_many(self, spec: TaskSpec, cands: list[Candidate], seed: int = 0) -> Iterator[EvalResult]:
+        for _ in cands:
+            k, self.n = self.n, self.n + 1
+            yield EvalResult(Status.OK, timing=_t(CANDIDATE_US[k]), baseline=_t(RECORDED_EAGER[k]), floor_us=100.0)
+
+
+def _t(us: float) -> Timing:
+    return Timing(us, us, us, us, 0.0, 10)
+
+
+def test_a_tasks_eager_time_is_the_median_of_its_paired_measurements(tmp_path: Path) -> None:
+    from forge.capture.export import TensorMeta
+
+    meta = TensorMeta((1024,), "float32", (1,))
+    task = Task("silu", "activation", ("aten.silu.default",), (meta,), (meta,), "# silu\n", 1, 100.0, 1.0)
+    store = Store(tmp_path / "f.db")
+    run = store.create_run("replay", device="cpu", policy="replay")
+    replay = _Replay()
+    budget = Budget(candidates=len(RECORDED_EAGER), per_task=len(RECORDED_EAGER), min_per_task=len(RECORDED_EAGER),
+                    parallel=1, patience=100, min_share=0.01)
+    (out,) = search([task], replay, replay, StoreRecorder(store, run.id), budget)
+    assert replay.n == len(RECORDED_EAGER)
+    median = statistics.median(RECORDED_EAGER)  # 40 400 us; the minimum would be the outlier's 3 350
+    assert out.eager_us == median and out.best_us == min(CANDIDATE_US)
+    assert out.speedup == pytest.approx(median / 7_000.0)  # 5.8x, not "no gain 0.48x" against the outlier
+    (rec,) = store.get_tasks(run.id)
+    view = task_view(store, rec)
+    assert view.eager_us == median and view.speedup == pytest.approx(out.speedup)
+
+
+def test_the_llm_policys_lineage_counts_eager_as_the_search_does() -> None:
+    from forge.policy.llm.cache import CallLog
+    from forge.policy.llm.policy import LLMPolicy
+    from forge.policy.llm.prices import Price
+    from forge.policy.llm.providers import ProviderSpec
+
+    provider = ProviderSpec("openai", "fake-coder", "http://127.0.0.1:9/v1")  # nothing is asked
+    policy = LLMPolicy(CallLog(provider, None, Price(1.0, 2.0)), device="cpu")
+    spec = TaskSpec("silu", "# silu\n", (), (), 0)
+    for us in RECORDED_EAGER:
+        policy.observe(spec, "recipe", Candidate("cpu", ""), EvalResult(Status.WRONG_RESULT, baseline=_t(us)))
+    assert policy._log(spec).eager_us == statistics.median(RECORDED_EAGER)

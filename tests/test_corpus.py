@@ -48,7 +48,7 @@ C_KINDS = {
     "drift_after_judging": "wrong_result", "checks_for_poison": "wrong_result",
     # the hard input values (zeros, exp's overflow edge, large magnitudes) and the timed calls judged
     "nan_at_zero": "nonfinite", "clamps_large": "wrong_result", "overflowing_exp": "nonfinite",
-    "caches_on_samples": "wrong_result",
+    "caches_on_samples": "wrong_result", "skips_unless_poisoned": "stale_result",
 }
 # CPU kernels whose source passes the text checks and whose built library does not (forge.evaluate.elfcheck).
 BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_concurrency",

@@ -5,7 +5,8 @@ arena both map (forge.evaluate.arena). Everything that decides the verdict stays
 reads and the copies inputs are compared with, the reference in higher precision, the error, the roofline
 floor's bandwidth, and a clock the candidate cannot reach. One evaluation:
 1. `Load`, then verification on the SETS from the request's seed (forge.evaluate.verify);
-2. called twice on the same buffers, poisoned in between: work skipped on a repeated call;
+2. called twice on the same buffers, new inputs and random outputs in between: work skipped on a repeated
+   call (or a result kept by pointer);
 3. `Time`: the worker times candidate and eager interleaved with its clock, inputs perturbed every round,
    random timed calls kept; the judge compares the kept calls with the reference;
 4. the cross-check of the worker's clock: batches of rounds, perturbed and kept like the timed ones, timed
@@ -46,6 +47,7 @@ from forge.evaluate.verify import (
     make_flat,
     make_input,
     nonfinite,
+    random_like,
     verify,
     within_tolerance,
 )
@@ -188,8 +190,8 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
             return result(verdict.status, verdict.message, verify=verdict.detail)
         detail = verdict.detail
         skipped = _skips_repeats(remote, ref, task, device, req.seed)
-        if skipped:
-            return result(Status.STALE_RESULT, skipped, verify=detail)
+        if skipped is not None:
+            return result(skipped.status, skipped.message, verify=detail)
         timing, baseline, wrong = _timed(remote, ref, task, device, req.seed, req.bench)
         if wrong is not None:
             return result(wrong.status, wrong.message, verify={**detail, "timed": wrong.detail})
@@ -243,20 +245,36 @@ def _inputs(remote: Remote, task: TaskSpec, device: str, seed: int, extra: Seque
     return placed, bufs, mine
 
 
-def _skips_repeats(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int) -> str:
-    """Called twice on the same buffers, poisoned in between: what a kernel that skips work on a repeated
-    call left unwritten (the allocator often hands a dispatched kernel the same output addresses), or ""."""
-    placed, bufs, mine = _inputs(remote, task, device, seed, [(m.numel, m.torch_dtype) for m in task.outputs])
+def _skips_repeats(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int) -> Verdict | None:
+    """Called twice on the same buffers, the inputs rewritten with new values and the outputs with random
+    finite ones in between (no poison to look for): a kernel that skips work on a repeated call, or keeps a
+    result keyed on the pointers (the allocator often hands a dispatched kernel the same addresses), is a
+    `stale_result` (most judged elements as the first call or the fill left them), one wrong otherwise gets
+    its own status; None if right."""
+    placed, bufs, _ = _inputs(remote, task, device, seed, [(m.numel, m.torch_dtype) for m in task.outputs])
     outputs = [output_view(b, m) for b, m in zip(bufs, task.outputs, strict=True)]
     remote.call(placed, outputs)
+    first = [o.clone() for o in outputs]
+    flats = [make_flat(m, 1, generator(device, seed * 1000 + 8), device) for m in task.inputs]
+    for view, flat in zip(placed, flats, strict=True):
+        fill(view, flat)
+    scramble = generator(device, _SYSTEM.getrandbits(63))
     for o in outputs:
-        o.fill_(float("nan") if o.is_floating_point() else 0x5A)
+        o.copy_(random_like(o, scramble))
+    filled = [o.clone() for o in outputs]
     remote.call(placed, outputs)
-    eager_out, _ = ref(mine)
-    for i, (o, e) in enumerate(zip(outputs, eager_out, strict=True)):
-        if o.is_floating_point() and bool((o.isnan() & ~e.isnan()).any()):
-            return f"output {i}: not written when called again on the same buffers (skips work on repeated calls)"
-    return ""
+    eager, high = ref([f.as_strided(m.shape, m.stride) for f, m in zip(flats, task.inputs, strict=True)])
+    for i, (o, e, h, m) in enumerate(zip(outputs, eager, high, task.outputs, strict=True)):
+        name, finite = f"output {i} ({m.short()})", judged(e, h, o.dtype)
+        bad = nonfinite(name, o, finite) or within_tolerance(name, o, e, h, finite, m.dtype, {}, "repeat", i)
+        if bad is None:
+            continue
+        kept = (((o == filled[i]) | (o == first[i])) & finite).sum()
+        if 2 * int(kept) > int(finite.sum()):
+            return Verdict(Status.STALE_RESULT, f"{name}: not computed when called again on the same buffers "
+                           "with new inputs (skips work, or keeps a result, on repeated calls)")
+        return replace(bad, message=f"{bad.message}: called again on the same buffers with new inputs")
+    return None
 
 
 def _kept_buffers(task: TaskSpec, limit: int) -> list[tuple[int, torch.dtype]]:

@@ -171,6 +171,14 @@ def _hard(n: int, dtype: torch.dtype, wide: torch.dtype, gen: torch.Generator) -
     return torch.where(kind == 2, sign * (64 + 960 * u), x)
 
 
+def random_like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Finite random values of t's shape and dtype (what a reused buffer holds: not a poison)."""
+    if t.is_floating_point():
+        return (torch.randn(t.shape, generator=gen, device=gen.device) * 3).to(t.dtype).to(t.device)
+    high = 2 if t.dtype == torch.bool else 16
+    return torch.randint(0, high, t.shape, generator=gen, device=gen.device).to(t.dtype).to(t.device)
+
+
 def generator(device: str, seed: int) -> torch.Generator:
     """A seeded generator on the device's type (CUDA inputs are made on the GPU)."""
     kind = "cuda" if device.startswith("cuda") else "cpu"

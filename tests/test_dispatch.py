@@ -224,6 +224,47 @@ def test_a_tampered_artifact_is_refused_and_manifest_text_never_runs(swiglu, tmp
     assert not mark.exists()
 
 
+def test_an_artifact_path_that_escapes_or_a_changed_source_is_refused(swiglu, tmp_path):
+    """Every way out of the folder (an absolute path, `..`, a symlink inside pointing outside) and an edited
+    kernel source are refused when the artifact is read; the honest artifact reads."""
+    import json
+
+    from forge.runtime import artifact
+
+    _, arts = swiglu
+    saved = artifact.save(tmp_path / "a", arts, {"device_model": artifact.device_model("cpu")})
+    data = json.loads(saved.read_text())
+    honest = artifact.read(saved)
+    assert [k.key for k in honest] == [a.key for a in arts]
+    from pathlib import Path
+
+    # what runs is a private copy of the bytes checked, not the folder's file (which may change after)
+    assert all(not Path(k.path).is_relative_to(saved.parent) and Path(k.path).read_bytes() ==
+               Path(a.path).read_bytes() for k, a in zip(honest, arts, strict=True))
+    entry = data["kernels"][0]
+    lib, src = saved.parent / entry["file"], saved.parent / entry["kernel_source"]
+    outside = tmp_path / "outside.so"
+    outside.write_bytes(lib.read_bytes())  # the same bytes: only where it lies is wrong
+    (saved.parent / "kernels" / "link.so").symlink_to(outside)
+
+    def refused(name: str, value: str, match: str) -> None:
+        d = json.loads(json.dumps(data))
+        d["kernels"][0][name] = value
+        saved.write_text(json.dumps(d))
+        with pytest.raises(artifact.ArtifactError, match=match) as e:
+            artifact.read(saved)
+        assert "\n" not in str(e.value)  # one line
+
+    for name in ("file", "kernel_source"):
+        refused(name, str(outside), "not a file inside the artifact folder")
+        refused(name, "../outside.so", "not a file inside the artifact folder")
+        refused(name, "kernels/link.so", "not a file inside the artifact folder")
+    saved.write_text(json.dumps(data))
+    src.write_text(src.read_text() + "\n// edited\n")
+    with pytest.raises(artifact.ArtifactError, match="was changed since it was saved"):
+        artifact.read(saved)
+
+
 def test_a_variant_without_some_kernels_runs_the_rest(swiglu):
     """What choose tries when Inductor gave some kernels another layout (they fell back): the same variant
     without them, named so, rebuilt so by forge.load (the manifest keeps the keys left out)."""

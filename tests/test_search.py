@@ -6,6 +6,7 @@ The store is a real SQLite file, and the winners are really built (one trivial C
 """
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -126,6 +127,39 @@ def test_a_policy_error_is_that_tasks_failure_and_the_run_goes_on(tmp_path):
     assert out["fine"].candidates > 0 and out["fine"].status == "improved"
     stored = {t.key: t for t in store.get_tasks(run.id)}
     assert all(stored[k].stop_reason.startswith("policy error") for k in keys[:3])
+
+
+class Quits(Synthetic):
+    """A policy whose run-wide hooks raise: `stop_reason` after its first calls, `payload_of` always."""
+
+    def __init__(self, tasks: dict[str, tuple[float, float, float]]) -> None:
+        super().__init__(tasks)
+        self.asked = 0
+
+    def stop_reason(self) -> str | None:
+        self.asked += 1
+        if self.asked > 2:
+            raise RuntimeError("spend counter lost")
+        return None
+
+    def payload_of(self, spec: TaskSpec, knobs: dict[str, Any]) -> Any:
+        raise KeyError("no payload")
+
+
+def test_a_policy_whose_hooks_raise_stops_its_tasks_and_the_run_and_its_resume_go_on(tmp_path):
+    keys = ("first", "second")
+    pol = Quits({k: (100.0, 10.0, 0.5) for k in keys})
+    store = Store(str(tmp_path / "s.db"))
+    run = store.create_run("m", device="cpu", dtype="fp32", policy=pol.name, config={})
+    budget = Budget(candidates=12, per_task=4, min_per_task=2, parallel=2, patience=100, min_share=0.01)
+    out = {o.key: o for o in search([task(k, 0.4) for k in keys], pol, pol, StoreRecorder(store, run.id), budget)}
+    assert all(o.stop_reason == "policy error: RuntimeError: spend counter lost" for o in out.values())
+    assert out["first"].candidates == 2 and out["second"].candidates == 0  # the first batch was evaluated
+    assert {t.stop_reason for t in store.get_tasks(run.id)} == {"policy error: RuntimeError: spend counter lost"}
+    # resumed: payload_of raises KeyError on every stored node; the tree keeps them, unexpanded
+    again = {o.key: o for o in search([task(k, 0.4) for k in keys], Quits(pol.tasks), pol,
+                                      StoreRecorder(store, run.id), budget, resume=True)}
+    assert again["first"].candidates == 2 and again["first"].stop_reason == out["first"].stop_reason
 
 
 def test_a_policy_hears_how_the_node_it_expands_did(tmp_path):

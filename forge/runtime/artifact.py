@@ -10,7 +10,8 @@ rebuilds.
 Integrity (issue 13): `read` and `load` refuse (ArtifactError, one line) a manifest whose file names leave
 the artifact folder, a file whose SHA-256 is not the recorded one, or an entry without a hash. No text from
 the manifest is executed: a kernel's fallback, and the reference it is verified against with
-`verify=True`, are rendered from the model `load` is given.
+`verify=True`, are rendered from the model `load` is given. The bytes checked are the bytes used: each library
+is loaded from a private copy of what was hashed, not from the folder (which may change after the check).
 
 `load()` needs no database, LLM client or search code: only forge.runtime.dispatch, which needs torch. On another
 device model (another CPU, whose `-march=native` code may not even run, or another GPU) the kernels are not
@@ -20,11 +21,14 @@ those that pass and beat eager.
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import logging
 import platform
 import secrets
 import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -113,8 +117,9 @@ def read(path: str | Path, model: Any = None, inputs: list[Any] | None = None) -
     return _local_references(kernels, capture_in(model, inputs, _layout(manifest, data)))
 
 
-def _checked(manifest: Path, entry: dict[str, Any], name: str, digest: str) -> Path:
-    """The file `entry[name]` inside the artifact folder, with the SHA-256 `entry[digest]`; else ArtifactError."""
+def _checked(manifest: Path, entry: dict[str, Any], name: str, digest: str) -> bytes:
+    """The bytes of the file `entry[name]` inside the artifact folder, with the SHA-256 `entry[digest]`; else
+    ArtifactError."""
     root = manifest.parent.resolve()
     rel, want = entry.get(name), entry.get(digest)
     if not isinstance(rel, str) or not isinstance(want, str):
@@ -124,10 +129,21 @@ def _checked(manifest: Path, entry: dict[str, Any], name: str, digest: str) -> P
     if not path.is_relative_to(root) or not path.is_file():
         raise ArtifactError(f"Invalid artifact {manifest}: {name} {rel!r} of kernel {entry.get('key')!r} is not "
                             "a file inside the artifact folder")
-    if sha256(path) != want:
+    data = path.read_bytes()  # read once: what is hashed is what is used (the folder may change after)
+    if hashlib.sha256(data).hexdigest() != want:
         raise ArtifactError(f"Invalid artifact {manifest}: {rel} of kernel {entry.get('key')!r} was changed "
                             "since it was saved (SHA-256 differs): refusing to load it")
-    return path
+    return data
+
+
+def _private_copy(name: str, data: bytes) -> Path:
+    """`data` as `name` in a folder of this process's own (mode 0700, removed at exit): the checked bytes
+    are what is loaded, whatever is written into the artifact folder after the check."""
+    folder = Path(tempfile.mkdtemp(prefix="forge-artifact-"))
+    atexit.register(shutil.rmtree, folder, True)
+    dst = folder / name
+    dst.write_bytes(data)
+    return dst
 
 
 def _kernels(manifest: Path, data: dict[str, Any]) -> list[KernelArtifact]:
@@ -135,11 +151,11 @@ def _kernels(manifest: Path, data: dict[str, Any]) -> list[KernelArtifact]:
         raise ArtifactError(f"Invalid artifact {manifest}: format {data.get('format')!r}, expected {FORMAT!r}")
     out = []
     for e in data.get("kernels", []):
-        lib = _checked(manifest, e, "file", "sha256")
-        src = _checked(manifest, e, "kernel_source", "kernel_source_sha256")
+        lib = _private_copy(Path(e["file"]).name, _checked(manifest, e, "file", "sha256"))
+        src = _checked(manifest, e, "kernel_source", "kernel_source_sha256").decode(errors="replace")
         out.append(KernelArtifact(e["key"], e["backend"], str(lib), e["entry"],
                                   tuple(TensorMeta.parse(m) for m in e["inputs"]),
-                                  tuple(TensorMeta.parse(m) for m in e["outputs"]), e["source"], src.read_text()))
+                                  tuple(TensorMeta.parse(m) for m in e["outputs"]), e["source"], src))
     return out
 
 

@@ -13,7 +13,7 @@ Every task is stored when the search starts, every candidate and evaluation the 
 the probe's weights and each task's candidate target when they are decided, so `resume=True` rebuilds
 every tree from the store (no node evaluated again) and continues where the run stopped.
 
-A policy that raises in `mine`, `propose` or `render` stops that task alone, with the stop reason
+A policy that raises in `mine`, `propose`, `render` or `stop_reason` stops that task alone, with the stop reason
 `policy error: ...` (stored at once, so a resumed run does not retry it); the other tasks go on.
 """
 
@@ -96,8 +96,8 @@ def payload_of(policy: Policy, spec: TaskSpec, knobs: dict[str, Any]) -> tuple[A
     """
     try:
         return policy.payload_of(spec, knobs), True
-    except (TypeError, ValueError) as e:
-        log.warning("policy %s cannot rebuild payload %s: %s", policy.name, knobs, e)
+    except Exception as e:  # noqa: BLE001 - any policy bug: the node is kept, not expanded
+        log.warning("policy %s cannot rebuild payload %s: %s: %s", policy.name, knobs, type(e).__name__, e)
         return knobs, False
 
 
@@ -192,7 +192,11 @@ class TaskSearch:
 
     def stopped(self, deadline: float, budget: Budget) -> str | None:
         """Why the task must stop now, or None."""
-        why = self.policy.stop_reason()  # e.g. --max-usd spent
+        try:
+            why = self.policy.stop_reason()  # e.g. --max-usd spent
+        except Exception as e:  # noqa: BLE001 - a policy bug: this task's stop reason, the run goes on
+            log.exception("policy %s failed to say whether task %s stops", self.policy.name, self.task.key)
+            return policy_error(e)
         if why:
             return why
         if self.best and self.floor_us and self.best[0] <= 1.05 * self.floor_us:

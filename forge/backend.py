@@ -15,8 +15,9 @@ Options (all optional):
 
 Important: nothing is searched or loaded while Dynamo compiles (a search there re-enters Dynamo): the backend
 returns a `LazyGraph`, which does it on its first call that needs no gradient, on that call's real inputs
-(the example inputs may be fake tensors), then dispatches to forge's result. Any failure there runs the graph
-itself from then on, with a warning: the user's forward never raises because of forge. forge is for
+(the example inputs may be fake tensors), then dispatches to forge's result. A user error there (an artifact
+that is missing, malformed or was changed since it was saved, an unknown policy: forge.errors.UserError)
+raises from that call; any other failure runs the graph itself from then on, with a warning. forge is for
 inference: a call with gradients enabled and an input requiring one (Dynamo passes the model's parameters as
 inputs, so any call with grad mode on in practice) runs the graph as it is. Each graph Dynamo makes (one per
 graph break or recompilation) is searched or loaded on its own: `fullgraph=True` gives one.
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from forge.errors import UserError
 from forge.runtime.result import ForgeModel
 
 log = logging.getLogger(__name__)
@@ -153,7 +155,10 @@ class LazyGraph:
             with torch.no_grad():
                 self.fn = self._load(lifted, inputs) if self.options["artifact"] else self._search(lifted, inputs)
             self.lifted = lifted
-        except Exception as e:  # any failure: the graph runs as it is
+        except UserError:  # the user's own mistake or a refused artifact (tampered, missing): said, not hidden
+            self.failed = True
+            raise
+        except Exception as e:  # any other failure: the graph runs as it is
             log.warning("forge backend: could not %s (%s: %s): running the graph itself",
                         "load the artifact" if self.options["artifact"] else "search", type(e).__name__,
                         str(e).splitlines()[0] if str(e) else "")

@@ -280,6 +280,7 @@ def test_cli_optimize_through_openai_then_replay_without_network_or_key(tmp_path
     # every call is linked to the node its answer became, by the search (nothing here sets a link), and
     # `forge show` shows that node's prompt and answer
     assert calls and all(c.candidate_id is not None for c in calls)
+    assert all(c.task_id is not None for c in calls)  # and, through it, to its task
     node = calls[0].candidate_id
     capsys.readouterr()
     assert main(["show", report["run_id"], str(node), "--db", str(db)]) == 0

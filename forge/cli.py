@@ -136,16 +136,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print_eval(task, cand, res)
     if not args.no_store:
         from forge.store import Store
-        from forge.store.recorder import evaluation_fields
+        from forge.store.recorder import StoreRecorder
 
         store = Store(args.db)
         run = store.create_run(prof.model, device=device, dtype=prof.dtype, policy="manual",
                                config={"command": "eval", "kernel": str(path)})
-        t = store.add_task(run.id, task.key, family=task.family, count=task.count, ms=task.ms, share=task.share,
-                           source=task.source, meta={"ops": list(task.ops)})
-        c = store.add_candidate(t.id, None, backend=cand.backend, source=cand.source, entry=cand.entry,
-                                origin="manual", status=res.status.value)
-        store.add_evaluation(c.id, **evaluation_fields(res))
+        rec = StoreRecorder(store, run.id)  # the rows a search writes for one evaluated node
+        rec.evaluated(rec.add_task(task).id, None, cand, {}, "manual", res, None)
         store.update_run(run.id, state="done")
         log.info("stored as run %s in %s", run.id, store.where)
     return 0 if res.status.passed else 1

@@ -8,12 +8,15 @@ came from.
 
 import json
 import logging
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import MODELS
 from llm_server import FakeLLM, Step
+from markupsafe import escape
+from review_store import start_ui
 
 from forge.bench import BenchConfig
 from forge.capture.model_input import load_file
@@ -277,12 +280,25 @@ def test_cli_optimize_through_openai_then_replay_without_network_or_key(tmp_path
     # every call is linked to the node its answer became, by the search (nothing here sets a link), and
     # `forge show` shows that node's prompt and answer
     assert calls and all(c.candidate_id is not None for c in calls)
+    assert all(c.task_id is not None for c in calls)  # and, through it, to its task
     node = calls[0].candidate_id
     capsys.readouterr()
     assert main(["show", report["run_id"], str(node), "--db", str(db)]) == 0
     shown = capsys.readouterr().out
     assert "prompt" in shown and "answer" in shown
     assert calls[0].response.strip().splitlines()[0].strip()[:40] in shown
+    # and so does the UI's node panel (the fragment the task page swaps in), served by `forge ui`
+    ui = start_ui(db, tmp_path / "ui.log")
+    try:
+        with urllib.request.urlopen(f"{ui.url}/fragments/nodes/{node}", timeout=30) as r:
+            panel = r.read().decode()
+    finally:
+        ui.stop()
+    mine = [c for c in calls if c.candidate_id == node]
+    assert "<h4>Prompt</h4>" in panel and "<h4>Answer</h4>" in panel
+    for c in mine:
+        assert escape(c.prompt.strip().splitlines()[-1].strip()[:40]) in panel
+        assert escape(c.response.strip().splitlines()[0].strip()[:40]) in panel
 
     monkeypatch.delenv("OPENAI_API_KEY")
     out2 = tmp_path / "replay.json"

@@ -306,6 +306,22 @@ def test_llm_call_cache(store: Store) -> None:
     assert store.llm_calls(run.id) == [first, newer, failed]
 
 
+
+def test_llm_calls_linked_to_their_candidate_and_its_task(store: Store) -> None:
+    run = store.create_run("m.py")
+    task = store.add_task(run.id, "k")
+    a, b = (store.add_candidate(task.id, backend="cpu") for _ in range(2))
+    calls = [store.add_llm_call(run.id, provider="openai", model="gpt-x", request_hash=h) for h in "xyz"]
+    assert all((c.task_id, c.candidate_id) == (None, None) for c in calls)
+    store.link_llm_calls([calls[0].id, calls[1].id], a.id)
+    store.link_llm_calls([calls[1].id], b.id)  # already linked: stays with a
+    store.link_llm_calls([], b.id)
+    linked = {c.id: (c.task_id, c.candidate_id) for c in store.llm_calls(run.id)}
+    assert linked == {calls[0].id: (task.id, a.id), calls[1].id: (task.id, a.id), calls[2].id: (None, None)}
+    with pytest.raises(KeyError):
+        store.link_llm_calls([calls[2].id], 999999)
+
+
 def test_run_cost(store: Store) -> None:
     run = store.create_run("m.py")
     assert store.run_cost(run.id) == RunCost(0.0, 0, 0, 0.0, 0, 0)

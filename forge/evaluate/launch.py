@@ -1,7 +1,8 @@
 """Calling a built candidate from the worker: ctypes for cpu/cuda libraries, import for Triton modules.
 
-Important: this module runs kernel code. The search harness never imports it: candidates run only in the
-worker process; forge.runtime.dispatch uses it for kernels that passed verification.
+Important: this module runs kernel code. The search and the judge never import it (import contracts in
+pyproject.toml): candidates run only in the worker process (forge.evaluate.child); forge.runtime.dispatch uses
+it for kernels that passed verification.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass, replace
-from datetime import timezone
 from typing import Any
 
 from forge.confidence import noisy, speedup_ci
@@ -376,10 +375,7 @@ def _searched_before(states: list[TaskSearch], recorder: Recorder) -> float:
     if not done_at:
         return 0.0
     created = recorder.created_at()
-    newest = max(done_at)
-    if newest.tzinfo is None or created.tzinfo is None:
-        newest, created = newest.replace(tzinfo=timezone.utc), created.replace(tzinfo=timezone.utc)
-    return max(0.0, (newest - created).total_seconds())
+    return max(0.0, (max(done_at) - created).total_seconds())
 
 
 def _deepen(live: list[TaskSearch], states: list[TaskSearch], left: Callable[[], int], ev: Evaluator,

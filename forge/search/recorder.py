@@ -2,7 +2,8 @@
 
 The search (forge.search.driver) knows nothing of tables: it hands a Recorder its tasks, each node it evaluated
 with the result, its allocation decisions and its stop reasons, and on --resume reads back the rows it
-wrote, as the EvalResults they were. forge.store.recorder.StoreRecorder keeps them in the run store.
+wrote, as the EvalResults they were (its datetimes timezone-aware). forge.store.recorder.StoreRecorder keeps
+them in the run store.
 """
 
 from __future__ import annotations

@@ -321,14 +321,16 @@ class Store(StoreBase):
             return _record(LLMCallRecord, row)
 
     def link_llm_calls(self, call_ids: tuple[int, ...] | list[int], candidate_id: int) -> None:
-        """Link stored LLM calls to the candidate their answer became (calls already linked stay)."""
+        """Link stored LLM calls to the candidate their answer became, and to its task (calls already linked
+        stay)."""
         if not call_ids:
             return
         with self._write() as s:
-            self._get(s, Candidate, candidate_id, "candidate")
+            cand = self._get(s, Candidate, candidate_id, "candidate")
             for row in s.scalars(select(LLMCall).where(LLMCall.id.in_(list(call_ids)))):
                 if row.candidate_id is None:
                     row.candidate_id = candidate_id
+                    row.task_id = row.task_id if row.task_id is not None else cand.task_id
 
     def find_llm_call(self, request_hash: str, *, status: str | None = "ok") -> LLMCallRecord | None:
         """Return the newest call with this request hash (and status; None for any), or None."""

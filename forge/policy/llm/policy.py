@@ -80,7 +80,6 @@ class _TaskLog:
     floor_us: float | None = None
     firsts: int = 0
     digests: set[str] = field(default_factory=set)
-    task_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,13 +109,11 @@ class LLMPolicy(Policy):
         self._nodes: dict[int, _Node] = {}
         self._tasks: dict[str, _TaskLog] = {}
         self._ids = itertools.count(1)
-        self.store: Store | None = None
-        self.run_id: str | None = None
 
     # -- search hooks -------------------------------------------------------------------------------
     def bind(self, store: Store, run_id: str) -> None:
-        """Record calls in this run (and look the cache up in this store)."""
-        self.store, self.run_id = store, run_id
+        """Record calls in this run (and look the cache up in this store); the search's recorder links each
+        call to the node its answer became, and so to its task."""
         self.calls.bind(store, run_id)
 
     def stop_reason(self) -> str | None:
@@ -176,10 +173,7 @@ class LLMPolicy(Policy):
 
     # -- requests -----------------------------------------------------------------------------------
     def _log(self, spec: TaskSpec) -> _TaskLog:
-        tl = self._tasks.setdefault(spec.key, _TaskLog())
-        if tl.task_id is None and self.store is not None and self.run_id is not None:
-            tl.task_id = next((t.id for t in self.store.get_tasks(self.run_id) if t.key == spec.key), None)
-        return tl
+        return self._tasks.setdefault(spec.key, _TaskLog())
 
     def _new(self, kind: str, parent: _Node | None, future: Future[Candidate], note: str = "") -> Idea:
         idea = Idea(next(self._ids), kind, parent.idea.id if parent else None, note)
@@ -193,10 +187,9 @@ class LLMPolicy(Policy):
         messages = [("user", self._prompt(spec, kind, parent, variant))]
         future: Future[Candidate] = Future()
         idea = self._new(kind, parent, future)
-        task_id = self._log(spec).task_id
 
         def run() -> None:
-            cand, summary = self._write(messages, task_id)
+            cand, summary = self._write(messages)
             self._nodes[idea.id].summary = summary
             future.set_result(cand)
 
@@ -207,14 +200,14 @@ class LLMPolicy(Policy):
         self._pool.submit(run).add_done_callback(never_sent)
         return idea
 
-    def _write(self, messages: list[Message], task_id: int | None) -> tuple[Candidate, str]:
+    def _write(self, messages: list[Message]) -> tuple[Candidate, str]:
         """Ask, parse, and give a malformed answer one repair turn; failures become NoKernel. The candidate
         names the stored calls it came from (`Candidate.llm_calls`: the search links them to its node)."""
         calls: list[int] = []
 
         def ask(msgs: list[Message]) -> str:
             try:
-                answer = self.calls.ask(self.system, msgs, task_id)
+                answer = self.calls.ask(self.system, msgs)
             except LLMError as e:
                 calls.extend([e.call_id] if e.call_id is not None else [])
                 raise

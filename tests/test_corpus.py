@@ -35,7 +35,8 @@ CORPUS = Path(__file__).resolve().parent / "corpus"
 CPU_FILES = sorted((CORPUS / "cpu").glob("*.cpp"))
 CUDA_FILES = sorted((CORPUS / "cuda").glob("*.cu"))
 TRITON_FILES = sorted((CORPUS / "triton").glob("*.py"))
-ALL_FILES = CPU_FILES + CUDA_FILES + TRITON_FILES
+INT_FILES = sorted((CORPUS / "cpu_int").glob("*.cpp"))  # the integer task y = abs(x) * 2 - 1 (int32)
+ALL_FILES = CPU_FILES + CUDA_FILES + TRITON_FILES + INT_FILES
 
 # The kinds every backend's corpus must hold (file stem -> status it must get).
 C_KINDS = {
@@ -65,6 +66,8 @@ TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "
                 "import_time_code": "forbidden_code", "patch_in_launch": "forbidden_code",
                 "foreign_decorator": "forbidden_code", "decorator_argument_code": "forbidden_code",
                 "default_argument_code": "forbidden_code", "for_target_patch": "forbidden_code"}
+# Kernels of the integer task (class D of issue 13: integer inputs with negatives where the op allows them).
+INT_KINDS = {"good": "ok", "assumes_nonnegative": "wrong_result"}
 # Statuses the static checks give before anything is built.
 STATIC = {s.value for s in Status if s.value.startswith("forbidden_")} | {Status.BAD_FORMAT.value}
 # Needs the ATen headers to compile, which only a torch source tree has: the static check is its test.
@@ -117,7 +120,7 @@ def spec() -> TaskSpec:
 
 @pytest.mark.parametrize(("folder", "suffix", "kinds"), [
     ("cpu", ".cpp", C_KINDS | BINARY_KINDS | RUNTIME_KINDS | CPU_KINDS), ("cuda", ".cu", C_KINDS),
-    ("triton", ".py", TRITON_KINDS)])
+    ("triton", ".py", TRITON_KINDS), ("cpu_int", ".cpp", INT_KINDS)])
 def test_corpus_is_complete(folder: str, suffix: str, kinds: dict[str, str]) -> None:
     files = sorted((CORPUS / folder).iterdir())
     assert [p.suffix for p in files] == [suffix] * len(files), f"only {suffix} files belong in corpus/{folder}"
@@ -162,6 +165,27 @@ def cpu_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Evaluato
 @pytest.mark.parametrize("path", params(CPU_FILES))
 def test_cpu_corpus(path: Path, spec: TaskSpec, cpu_evaluator: Evaluator) -> None:
     r = cpu_evaluator.evaluate(spec, Candidate.from_file(path))
+    assert r.status.value == expected(path), describe(path, r)
+    if path.stem == "good":
+        assert_good_timing(r)
+
+
+@pytest.fixture(scope="module")
+def int_spec() -> TaskSpec:
+    """y = abs(x) * 2 - 1 over an int32 [257, 1000] tensor, as forge captures it."""
+    model = type("AbsTwice", (torch.nn.Module,), {"forward": lambda self, x: torch.abs(x) * 2 - 1})()
+    x = torch.randint(-9, 9, (257, 1000), dtype=torch.int32)
+    (task,) = build_tasks(capture(model, [x]).graph_module.graph)
+    s = TaskSpec.of(task)
+    assert [m.dtype for m in s.inputs + s.outputs] == ["int32", "int32"]
+    return s
+
+
+@pytest.mark.parametrize("path", params(INT_FILES))
+def test_cpu_int_corpus(path: Path, int_spec: TaskSpec, cpu_evaluator: Evaluator) -> None:
+    """An integer input that only arithmetic reads is drawn with negatives: a kernel right on [0, 16) only
+    is a wrong_result."""
+    r = cpu_evaluator.evaluate(int_spec, Candidate.from_file(path))
     assert r.status.value == expected(path), describe(path, r)
     if path.stem == "good":
         assert_good_timing(r)

@@ -27,15 +27,16 @@ import random
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from forge.bench import BenchConfig, Clock, interleaved, measure_bandwidth
-from forge.capture.export import TensorMeta, empty_output, output_view
+from forge.bench import BenchConfig
+from forge.capture.export import TensorMeta, output_view
 from forge.evaluate.arena import Arena, Slot
-from forge.evaluate.spotcheck import SpotCheck, kept_limit
+from forge.evaluate.measured import bandwidth, measured_here
+from forge.evaluate.spotcheck import kept_limit
 from forge.evaluate.steps import Call, EvalRequest, Load, Reply, Time
 from forge.evaluate.verify import (
     Reference,
@@ -45,7 +46,6 @@ from forge.evaluate.verify import (
     generator,
     judged,
     make_flat,
-    make_input,
     nonfinite,
     random_like,
     verify,
@@ -73,18 +73,6 @@ class Rejected(Exception):  # noqa: N818 - a verdict, not an error
     def __init__(self, result: EvalResult) -> None:
         super().__init__(result.message)
         self.result = result
-
-
-@dataclass
-class _Here:
-    """What the judge measured itself, per device and per task: not redone for every candidate."""
-
-    clocks: dict[str, Clock]
-    bandwidth: dict[str, float]
-    tasks: dict[tuple[str, str], tuple[Timing, float]]  # (device, task) -> (eager's timing, round overhead us)
-
-
-_HERE = _Here({}, {}, {})
 
 
 class Remote(Target):
@@ -213,11 +201,11 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
                       finite_fill=True)
         if late.status is not Status.OK:
             return result(late.status, f"after timing: {late.message}", verify=detail)
-        bandwidth = _bandwidth(device)
-        floor_us = task.floor_bytes / bandwidth * 1e6 if bandwidth else None
+        rate = bandwidth(device)
+        floor_us = task.floor_bytes / rate * 1e6 if rate else None
         if floor_us and timing.median_us < req.floor_factor * floor_us:
             return result(Status.TOO_FAST, f"median {timing.median_us:.2f} us is below the roofline floor "
-                          f"{floor_us:.2f} us ({task.floor_bytes} bytes at {bandwidth / 1e9:.0f} GB/s)",
+                          f"{floor_us:.2f} us ({task.floor_bytes} bytes at {rate / 1e9:.0f} GB/s)",
                           verify=detail, timing=timing, baseline=baseline, floor_us=floor_us)
         return result(Status.OK, "", verify=detail, timing=timing, baseline=baseline, floor_us=floor_us)
     except Rejected as r:
@@ -232,12 +220,13 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         worker.arena.shrink()
 
 
-def _inputs(remote: Remote, task: TaskSpec, device: str, seed: int, extra: Sequence[tuple[int, torch.dtype]]
+def _inputs(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int,
+            extra: Sequence[tuple[int, torch.dtype]]
             ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """Timing inputs (set 0 of `seed * 1000 + 7`) placed and filled, the extra buffers, and this
     process's own copy of the inputs."""
     gen = generator(device, seed * 1000 + 7)
-    flats = [make_flat(m, 0, gen, device) for m in task.inputs]
+    flats = [make_flat(m, 0, gen, device, j in ref.signed) for j, m in enumerate(task.inputs)]
     placed, bufs = remote.place(task.inputs, extra)
     for view, flat in zip(placed, flats, strict=True):
         fill(view, flat)
@@ -251,11 +240,12 @@ def _skips_repeats(remote: Remote, ref: Reference, task: TaskSpec, device: str, 
     result keyed on the pointers (the allocator often hands a dispatched kernel the same addresses), is a
     `stale_result` (most judged elements as the first call or the fill left them), one wrong otherwise gets
     its own status; None if right."""
-    placed, bufs, _ = _inputs(remote, task, device, seed, [(m.numel, m.torch_dtype) for m in task.outputs])
+    placed, bufs, _ = _inputs(remote, ref, task, device, seed, [(m.numel, m.torch_dtype) for m in task.outputs])
     outputs = [output_view(b, m) for b, m in zip(bufs, task.outputs, strict=True)]
     remote.call(placed, outputs)
     first = [o.clone() for o in outputs]
-    flats = [make_flat(m, 1, generator(device, seed * 1000 + 8), device) for m in task.inputs]
+    gen = generator(device, seed * 1000 + 8)
+    flats = [make_flat(m, 1, gen, device, j in ref.signed) for j, m in enumerate(task.inputs)]
     for view, flat in zip(placed, flats, strict=True):
         fill(view, flat)
     scramble = generator(device, _SYSTEM.getrandbits(63))
@@ -316,7 +306,7 @@ def _kept_some(reply: Reply, limit: int, where: str, device: str) -> None:
 def _timed(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int, bench: BenchConfig
            ) -> tuple[Timing | None, Timing | None, Verdict | None]:
     limit = kept_limit(task.inputs, task.outputs)
-    placed, bufs, _ = _inputs(remote, task, device, seed, _kept_buffers(task, limit))
+    placed, bufs, _ = _inputs(remote, ref, task, device, seed, _kept_buffers(task, limit))
     kept = _kept_views(task, bufs)
     reply, _ = remote.time(placed, kept, bench)
     _kept_some(reply, limit, "timed", remote.device)
@@ -329,10 +319,10 @@ def _eager_check(ref: Reference, task: TaskSpec, device: str, baseline: Timing, 
     """The worker's eager time, or this process's own where the worker's is more than EAGER_RATIO times it (plus
     SLACK_US) twice: a candidate cannot make its baseline slower than the judge sees it (a busy machine, or
     a candidate's spinning threads, can slow the worker's eager honestly too: so not a rejection)."""
-    here, _ = _measured_here(ref, task, device, bench)
+    here, _ = measured_here(ref, task, device, bench)
     if baseline.median_us <= EAGER_RATIO * here.median_us + min(SLACK_US, here.median_us):
         return baseline, detail
-    here, _ = _measured_here(ref, task, device, bench, again=True)
+    here, _ = measured_here(ref, task, device, bench, again=True)
     if baseline.median_us <= EAGER_RATIO * here.median_us + min(SLACK_US, here.median_us):
         return baseline, detail
     note = (f"the worker's eager median {baseline.median_us:.1f} us is more than {EAGER_RATIO:g}x forge's own "
@@ -344,13 +334,13 @@ def _eager_check(ref: Reference, task: TaskSpec, device: str, baseline: Timing, 
 def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, timing: Timing,
                  bench: BenchConfig) -> str:
     """A batch of rounds timed by this process's clock against the worker's median, or why they disagree."""
-    _, round_us = _measured_here(ref, task, device, bench)
+    _, round_us = measured_here(ref, task, device, bench)
     claimed = timing.median_us
     limit = kept_limit(task.inputs, task.outputs)
-    placed, bufs, _ = _inputs(remote, task, device, _SYSTEM.getrandbits(40), _kept_buffers(task, limit))
+    placed, bufs, _ = _inputs(remote, ref, task, device, _SYSTEM.getrandbits(40), _kept_buffers(task, limit))
     # the step's costs outside the rounds, at this device's copy rate: mapping the arena, copying kept calls
     call_bytes = sum(m.nbytes for m in (*task.inputs, *task.outputs))
-    allowance = ALLOWANCE_S + (remote.arena.size + 4 * limit * call_bytes) / _bandwidth(device)
+    allowance = ALLOWANCE_S + (remote.arena.size + 4 * limit * call_bytes) / bandwidth(device)
     n = max(3, min(100, math.ceil(max(BATCH_S / SPLIT, 2 * allowance) * 1e6 / max(claimed + round_us, 1.0))))
     per_round, kept = float("inf"), _kept_views(task, bufs)
     for _ in range(SPLIT):  # the least disturbed of several batches: a busy machine slows some of them
@@ -366,42 +356,3 @@ def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, ti
                 f"{per_round:.1f} us a call by forge's clock, the worker measured {claimed:.1f} us (allowed up "
                 f"to {allowed:.1f})")
     return ""
-
-
-def _measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConfig, again: bool = False
-                   ) -> tuple[Timing, float]:
-    """Eager's median by this process's clock, and the cost of a round's perturbing and fresh outputs (per
-    task and device, measured once, or `again`): what the cross-check holds the worker's times against."""
-    key = (device, task.source + repr(task.inputs))
-    if again or key not in _HERE.tasks:
-        gen = generator(device, _SYSTEM.getrandbits(40))
-        inputs = [make_input(m, 0, gen, device) for m in task.inputs]
-        spot = SpotCheck(inputs, task.outputs, bench.min_runs, device)
-        clock = _clock(device)
-        with torch.no_grad():
-            (eager,) = interleaved(clock, [lambda: ref.eager(*inputs)], replace(bench, budget_s=min(bench.budget_s,
-                                   0.2)), spot.prepare)
-            rounds = 20
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(rounds):
-                spot.prepare(False)
-                [empty_output(m, device) for m in task.outputs]
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-        _HERE.tasks[key] = (eager, (time.perf_counter() - t0) / rounds * 1e6)
-    return _HERE.tasks[key]
-
-
-def _clock(device: str) -> Clock:
-    if device not in _HERE.clocks:
-        _HERE.clocks[device] = Clock(device)
-    return _HERE.clocks[device]
-
-
-def _bandwidth(device: str) -> float:
-    """The device's copy rate, measured by this process once (a worker could report any)."""
-    if device not in _HERE.bandwidth:
-        _HERE.bandwidth[device] = measure_bandwidth(device)
-    return _HERE.bandwidth[device]

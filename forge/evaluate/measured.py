@@ -1,0 +1,73 @@
+"""What the judge measures itself, in forge's process: eager's time and a round's own cost per task, the
+device's clock and copy rate. Measured once per device and task (not for every candidate), by a clock and
+a copy the candidate cannot reach: what forge.evaluate.judge holds the worker's claims against."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from forge.bench import BenchConfig, Clock, interleaved, measure_bandwidth
+from forge.capture.export import empty_output
+from forge.evaluate.spotcheck import SpotCheck
+from forge.evaluate.verify import Reference, generator, make_input
+from forge.kernel import TaskSpec, Timing
+
+_SYSTEM = random.SystemRandom()
+
+
+@dataclass
+class _Here:
+    """What the judge measured itself, per device and per task: not redone for every candidate."""
+
+    clocks: dict[str, Clock]
+    bandwidth: dict[str, float]
+    tasks: dict[tuple[str, str], tuple[Timing, float]]  # (device, task) -> (eager's timing, round overhead us)
+
+
+_HERE = _Here({}, {}, {})
+
+
+def measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConfig, again: bool = False
+                  ) -> tuple[Timing, float]:
+    """Eager's median by this process's clock, and the cost of a round's perturbing and fresh outputs (per
+    task and device, measured once, or `again`): what the cross-check holds the worker's times against."""
+    key = (device, task.source + repr(task.inputs))
+    if again or key not in _HERE.tasks:
+        gen = generator(device, _SYSTEM.getrandbits(40))
+        inputs = [make_input(m, 0, gen, device, j in ref.signed) for j, m in enumerate(task.inputs)]
+        spot = SpotCheck(inputs, task.outputs, bench.min_runs, device)
+        with torch.no_grad():
+            (eager,) = interleaved(clock(device), [lambda: ref.eager(*inputs)],
+                                   replace(bench, budget_s=min(bench.budget_s, 0.2)), spot.prepare)
+            rounds = 20
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                spot.prepare(False)
+                [empty_output(m, device) for m in task.outputs]
+            _sync(device)
+        _HERE.tasks[key] = (eager, (time.perf_counter() - t0) / rounds * 1e6)
+    return _HERE.tasks[key]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def clock(device: str) -> Clock:
+    """The device's clock in this process (made once)."""
+    if device not in _HERE.clocks:
+        _HERE.clocks[device] = Clock(device)
+    return _HERE.clocks[device]
+
+
+def bandwidth(device: str) -> float:
+    """The device's copy rate, measured by this process once (a worker could report any)."""
+    if device not in _HERE.bandwidth:
+        _HERE.bandwidth[device] = measure_bandwidth(device)
+    return _HERE.bandwidth[device]

@@ -43,7 +43,7 @@ def test_open_a_run_click_a_node_and_see_its_code(rs, ui, page, tmp_path):
     page.goto(ui.url + "/")
     page.click(f"a[href='/runs/{rs.run_id}']")
     page.wait_for_selector("h1:has-text('run')")
-    assert page.locator("section svg").count() == 3  # end to end, op families, best speedup so far
+    assert page.locator("section svg").count() == 4  # end to end, op families, best so far (candidates, time)
     key = Store(rs.db).get_task(rs.task_id).key
     page.click(f"a:text-is('{key}')")
     page.wait_for_selector("#tree svg .node")
@@ -87,8 +87,18 @@ def test_html_report_reads_with_no_network(rs, page, tmp_path, capsys):
     capsys.readouterr()
     page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://") else route.abort())
     page.goto(out.as_uri())
-    assert page.locator("svg").count() == 3
-    assert all(page.locator("svg").nth(i).bounding_box()["height"] > 40 for i in range(3))
+    assert page.locator("svg").count() == 4  # end to end, op families, against candidates, against wall time
+    assert all(page.locator("svg").nth(i).bounding_box()["height"] > 40 for i in range(4))
+    wall = page.locator("svg[aria-label='best speedup so far against wall time']")
+    assert "wall time since the run started (s)" in wall.text_content()
+    for svg in page.locator("svg").all():  # every label whole, inside its chart
+        frame = svg.bounding_box()
+        for t in svg.locator("text").all():
+            b = t.bounding_box()
+            assert frame["x"] - 0.5 <= b["x"] and b["x"] + b["width"] <= frame["x"] + frame["width"] + 0.5, (
+                t.text_content())
+            assert frame["y"] - 0.5 <= b["y"] and b["y"] + b["height"] <= frame["y"] + frame["height"] + 0.5, (
+                t.text_content())
     assert rs.run_id in page.inner_text("h1")
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
     assert (tmp_path / "report.png").stat().st_size > 20_000

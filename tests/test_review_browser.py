@@ -128,6 +128,17 @@ def _watch_live(store, run, task, root, url, page):
     store.add_evaluation(child.id, status="ok", time_us_median=10.0, baseline_us_median=15.0)
     page.wait_for_selector(f"#tree .node[data-id='{child.id}']", timeout=15_000)
     assert "1.50x" in page.text_content(f"#tree .node[data-id='{child.id}'] text")
+    page.wait_for_selector(f"table.nodes tr[data-id='{child.id}']")
+    page.click("table.nodes th:text-is('speedup')")  # sorted (fastest first) and filtered, then refreshed live
+    page.fill("#filter", "recipes")
+    fast = store.add_candidate(task.id, root.id, backend="cpu", source="int forge_launch() { return 1; }",
+                               origin="recipes", status="ok", visits=1, reward=2.0)
+    store.add_evaluation(fast.id, status="ok", time_us_median=5.0, baseline_us_median=15.0)
+    page.wait_for_selector(f"table.nodes tr[data-id='{fast.id}']", timeout=15_000)
+    rows = page.locator("table.nodes tbody tr:visible")
+    assert rows.count() == 2 and "3.00x" in rows.first.inner_text() and "1.50x" in rows.nth(1).inner_text()
+    assert page.locator("table.nodes th.sorted-desc").inner_text() == "speedup"
+    page.fill("#filter", "")
 
     page.goto(f"{url}/runs/{run.id}")
     assert "updating live" in page.inner_text("#live")
@@ -179,6 +190,29 @@ def test_runs_filter_and_sort(two, page):
     assert b in first  # the faster run first (descending)
     page.click("table.runs th:text-is('speedup')")
     assert a in page.locator("table.runs tbody tr").first.inner_text()
+
+
+def test_task_nodes_sort_filter_and_open(two, page):
+    ui, _, b, task, slow = two
+    page.goto(f"{ui.url}/runs/{b}/tasks/{task}")
+    page.wait_for_selector("#tree svg .node")
+    assert page.locator("table.nodes tbody tr").count() == 4  # the eager root and three candidates
+    page.click("table.nodes th:text-is('speedup')")
+    rows = page.locator("table.nodes tbody tr")
+    assert "3.00x" in rows.first.inner_text() and "best" in rows.first.inner_text()
+    assert "eager" in rows.last.inner_text()  # no speedup: last either way
+    page.click("table.nodes th:text-is('speedup')")
+    assert "1.10x" in rows.first.inner_text() and "eager" in rows.last.inner_text()
+    page.click("table.nodes th:text-is('node')")  # by id as a number, newest first
+    ids = [int(r.get_attribute("data-id")) for r in rows.all()]
+    assert ids == sorted(ids, reverse=True)
+    page.fill("#filter", "chunk=0 recipes")
+    visible = page.locator("table.nodes tbody tr:visible")
+    assert visible.count() == 1 and visible.first.get_attribute("data-id") == str(slow)
+    page.click(f"table.nodes a.node-link[data-id='{slow}']")
+    page.wait_for_selector(f"#panel .node[data-node='{slow}']")
+    assert page.url.endswith(f"#node-{slow}") and page.locator(f"table.nodes tr.selected[data-id='{slow}']").count()
+    assert not page.dialogs and not page.outside
 
 
 def test_at_800_px_tables_scroll_and_the_tree_is_not_clipped(two, browser):

@@ -202,6 +202,11 @@ def diff_lines(text: str) -> list[tuple[str, str]]:
     return [(cls(line), line) for line in text.splitlines()]
 
 
+def nodes_table(t: TaskView) -> Markup:
+    """A task's nodes as a sortable table: id, status, speedup with its interval, knobs, origin, visits."""
+    return render("nodes_table.html", t=t)
+
+
 def task_summary(t: TaskView) -> Markup:
     """A task page's header line."""
     return render("task_summary.html", t=t, k=t.task)

@@ -43,7 +43,7 @@ def test_open_a_run_click_a_node_and_see_its_code(rs, ui, page, tmp_path):
     page.goto(ui.url + "/")
     page.click(f"a[href='/runs/{rs.run_id}']")
     page.wait_for_selector("h1:has-text('run')")
-    assert page.locator("section svg").count() == 3  # end to end, op families, best speedup so far
+    assert page.locator("section svg").count() == 4  # end to end, op families, best so far (candidates, time)
     key = Store(rs.db).get_task(rs.task_id).key
     page.click(f"a:text-is('{key}')")
     page.wait_for_selector("#tree svg .node")
@@ -87,8 +87,18 @@ def test_html_report_reads_with_no_network(rs, page, tmp_path, capsys):
     capsys.readouterr()
     page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file://") else route.abort())
     page.goto(out.as_uri())
-    assert page.locator("svg").count() == 3
-    assert all(page.locator("svg").nth(i).bounding_box()["height"] > 40 for i in range(3))
+    assert page.locator("svg").count() == 4  # end to end, op families, against candidates, against wall time
+    assert all(page.locator("svg").nth(i).bounding_box()["height"] > 40 for i in range(4))
+    wall = page.locator("svg[aria-label='best speedup so far against wall time']")
+    assert "wall time since the run started (s)" in wall.text_content()
+    for svg in page.locator("svg").all():  # every label whole, inside its chart
+        frame = svg.bounding_box()
+        for t in svg.locator("text").all():
+            b = t.bounding_box()
+            assert frame["x"] - 0.5 <= b["x"] and b["x"] + b["width"] <= frame["x"] + frame["width"] + 0.5, (
+                t.text_content())
+            assert frame["y"] - 0.5 <= b["y"] and b["y"] + b["height"] <= frame["y"] + frame["height"] + 0.5, (
+                t.text_content())
     assert rs.run_id in page.inner_text("h1")
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
     assert (tmp_path / "report.png").stat().st_size > 20_000
@@ -118,6 +128,17 @@ def _watch_live(store, run, task, root, url, page):
     store.add_evaluation(child.id, status="ok", time_us_median=10.0, baseline_us_median=15.0)
     page.wait_for_selector(f"#tree .node[data-id='{child.id}']", timeout=15_000)
     assert "1.50x" in page.text_content(f"#tree .node[data-id='{child.id}'] text")
+    page.wait_for_selector(f"table.nodes tr[data-id='{child.id}']")
+    page.click("table.nodes th:text-is('speedup')")  # sorted (fastest first) and filtered, then refreshed live
+    page.fill("#filter", "recipes")
+    fast = store.add_candidate(task.id, root.id, backend="cpu", source="int forge_launch() { return 1; }",
+                               origin="recipes", status="ok", visits=1, reward=2.0)
+    store.add_evaluation(fast.id, status="ok", time_us_median=5.0, baseline_us_median=15.0)
+    page.wait_for_selector(f"table.nodes tr[data-id='{fast.id}']", timeout=15_000)
+    rows = page.locator("table.nodes tbody tr:visible")
+    assert rows.count() == 2 and "3.00x" in rows.first.inner_text() and "1.50x" in rows.nth(1).inner_text()
+    assert page.locator("table.nodes th.sorted-desc").inner_text() == "speedup"
+    page.fill("#filter", "")
 
     page.goto(f"{url}/runs/{run.id}")
     assert "updating live" in page.inner_text("#live")
@@ -169,6 +190,29 @@ def test_runs_filter_and_sort(two, page):
     assert b in first  # the faster run first (descending)
     page.click("table.runs th:text-is('speedup')")
     assert a in page.locator("table.runs tbody tr").first.inner_text()
+
+
+def test_task_nodes_sort_filter_and_open(two, page):
+    ui, _, b, task, slow = two
+    page.goto(f"{ui.url}/runs/{b}/tasks/{task}")
+    page.wait_for_selector("#tree svg .node")
+    assert page.locator("table.nodes tbody tr").count() == 4  # the eager root and three candidates
+    page.click("table.nodes th:text-is('speedup')")
+    rows = page.locator("table.nodes tbody tr")
+    assert "3.00x" in rows.first.inner_text() and "best" in rows.first.inner_text()
+    assert "eager" in rows.last.inner_text()  # no speedup: last either way
+    page.click("table.nodes th:text-is('speedup')")
+    assert "1.10x" in rows.first.inner_text() and "eager" in rows.last.inner_text()
+    page.click("table.nodes th:text-is('node')")  # by id as a number, newest first
+    ids = [int(r.get_attribute("data-id")) for r in rows.all()]
+    assert ids == sorted(ids, reverse=True)
+    page.fill("#filter", "chunk=0 recipes")
+    visible = page.locator("table.nodes tbody tr:visible")
+    assert visible.count() == 1 and visible.first.get_attribute("data-id") == str(slow)
+    page.click(f"table.nodes a.node-link[data-id='{slow}']")
+    page.wait_for_selector(f"#panel .node[data-node='{slow}']")
+    assert page.url.endswith(f"#node-{slow}") and page.locator(f"table.nodes tr.selected[data-id='{slow}']").count()
+    assert not page.dialogs and not page.outside
 
 
 def test_at_800_px_tables_scroll_and_the_tree_is_not_clipped(two, browser):

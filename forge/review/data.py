@@ -6,8 +6,8 @@ alike), with its interval (forge.confidence.speedup_ci). A task's speedup is its
 and best times are that node's: the best node is the one the search recorded (the task's meta `best_node`, after
 its top candidates were timed again), or for a task still searching the passing node of the smallest median. A task
 counts as improved (its kernel is shipped) when the search's verdict says so (meta `verdict`), or for a task
-without one when its speedup is at least `IMPROVED`. The best-so-far curve is the highest own speedup after each
-evaluated candidate.
+without one when its speedup is at least `IMPROVED`. The best-so-far curves (forge.review.progress) follow the
+search's best and end on its decision; re-timings are not new candidates.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from forge.confidence import noisy, speedup_ci
+from forge.review.progress import Progress, run_series, task_progress
 from forge.store import (
     ENV,
     CandidateRecord,
@@ -200,7 +201,12 @@ class TaskView:
     eager_us: float | None  # the best node's eager (else the median of the paired eager times)
     best_us: float | None  # the best node's median
     best_id: int | None
-    curve: tuple[float | None, ...]  # best speedup so far after each evaluated candidate
+    progress: Progress  # best speedup so far, against candidates and against time
+
+    @property
+    def curve(self) -> tuple[float | None, ...]:
+        """The best speedup so far after each candidate (first evaluations), the last one the decided."""
+        return self.progress.curve
 
     @property
     def best_node(self) -> NodeView | None:
@@ -252,7 +258,8 @@ class TaskView:
 def task_view(store: Store, task: TaskRecord) -> TaskView:
     """Gather a task's tree, evaluations and best-so-far curve."""
     cands = store.candidates(task.id)
-    evals = {c.id: (store.evaluations(c.id) or [None])[-1] for c in cands}
+    history = {c.id: store.evaluations(c.id) for c in cands}
+    evals = {c.id: (history[c.id] or [None])[-1] for c in cands}
     subtree = {c.id: int(evals[c.id] is not None) for c in cands}
     for c in reversed(cands):  # tree order reversed: children are summed before their parent
         if c.parent_id in subtree:
@@ -260,18 +267,12 @@ def task_view(store: Store, task: TaskRecord) -> TaskView:
     depth: dict[int, int] = {}
     for c in cands:  # tree order: a parent's depth is known before its children's
         depth[c.id] = depth[c.parent_id] + 1 if c.parent_id in depth else 0
-    done = sorted((e for e in evals.values() if e is not None), key=lambda e: e.id)  # in evaluation order
+    done = [e for e in evals.values() if e is not None]
     paired = [e.baseline_us_median for e in done if e.baseline_us_median]
     eager = statistics.median(paired) if paired else None  # as the search counts it (forge.search.driver)
-    best: float | None = None
-    best_id = None
+    passed = [e for e in done if e.status == "ok" and e.time_us_median]
+    best_id = min(passed, key=lambda e: (e.time_us_median or 0.0, e.id)).candidate_id if passed else None
     stored = task.meta.get("best_node", -1)  # the search's decision: a node id, None (nothing passed), or absent
-    curve: list[float | None] = []  # the highest own speedup so far (each against eager timed alongside it)
-    for e in done:
-        if e.status == "ok" and e.time_us_median and (best is None or e.time_us_median < best):
-            best, best_id = e.time_us_median, e.candidate_id
-        so_far = [v for v in (e.speedup if e.status == "ok" else None, curve[-1] if curve else None) if v is not None]
-        curve.append(max(so_far) if so_far else None)
     if stored is None or stored in evals:
         best_id = stored
     pick = evals.get(best_id) if best_id is not None else None
@@ -279,7 +280,7 @@ def task_view(store: Store, task: TaskRecord) -> TaskView:
     eager = pick.baseline_us_median or eager if pick is not None else eager  # eager over best: the node's own
     nodes = tuple(NodeView(c, evals[c.id], depth[c.id], max(c.visits, subtree[c.id]), c.id == best_id)
                   for c in cands)
-    return TaskView(task, nodes, eager, best, best_id, tuple(curve))
+    return TaskView(task, nodes, eager, best, best_id, task_progress(history, best_id, task.meta))
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,12 @@ class RunView:
         if total is not None and total - sum(before.values()) > 1e-9:
             before[OTHER] = after[OTHER] = total - sum(before.values())
         return sorted(((f, before[f], after[f]) for f in before), key=lambda r: (r[0] == OTHER, -r[1]))
+
+    def wall_series(self) -> list[tuple[str, list[tuple[float, float | None]]]]:
+        """The whole model's estimated speedup and each task's best so far against seconds since the run
+        started (forge.review.progress.run_series)."""
+        tasks = [(t.task.key, t.task.share or 0.0, t.progress) for t in self.tasks]
+        return run_series(tasks, self.run.created_at)
 
     def version(self) -> str:
         """Changes whenever the run gains a node or evaluation or changes state (for live updates)."""

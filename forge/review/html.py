@@ -120,9 +120,10 @@ def cost_rows(s: RunSummary) -> list[tuple[str, str]]:
 
 
 def run_charts(view: RunView) -> dict[str, str]:
-    """The run's SVG charts: end to end, op families, best-so-far curves ("" when there is no data)."""
+    """The run's SVG charts: end to end, op families, best-so-far curves against candidates and against wall
+    time ("" when there is no data)."""
     r = view.run
-    out = {"e2e": "", "families": "", "curves": ""}
+    out = {"e2e": "", "families": "", "curves": "", "wall": ""}
     if r.eager_ms and r.forge_ms:
         out["e2e"] = svg.hbars([("eager", r.eager_ms), ("forge", r.forge_ms)], "ms", "end-to-end model time")
     fams = view.families()
@@ -130,9 +131,14 @@ def run_charts(view: RunView) -> dict[str, str]:
         rows = [("before", [(f, b) for f, b, _ in fams]), ("after", [(f, a) for f, _, a in fams])]
         out["families"] = svg.stacked(rows, "ms", "profiled model time by op family, before and after")
     curves = [(t.task.key, list(t.curve)) for t in view.tasks if t.curve]
+    decided = [t.task.key for t in view.tasks if t.progress.decided]
     if curves:
         out["curves"] = svg.step_lines(curves, "best speedup so far against candidates tried",
-                                       "candidates tried", "best speedup (x)")
+                                       "candidates tried", "best speedup (x)", decided=decided)
+    wall = view.wall_series()
+    if wall:
+        out["wall"] = svg.step_xy(wall, "best speedup so far against wall time", "wall time since the run started (s)",
+                                  "speedup (x)", decided=decided)
     return out
 
 
@@ -194,6 +200,11 @@ def diff_lines(text: str) -> list[tuple[str, str]]:
         return "add" if line.startswith("+") else "del" if line.startswith("-") else (
             "hunk" if line.startswith("@@") else "")
     return [(cls(line), line) for line in text.splitlines()]
+
+
+def nodes_table(t: TaskView) -> Markup:
+    """A task's nodes as a sortable table: id, status, speedup with its interval, knobs, origin, visits."""
+    return render("nodes_table.html", t=t)
 
 
 def task_summary(t: TaskView) -> Markup:

@@ -34,8 +34,10 @@ def report_json(view: RunView) -> dict[str, Any]:
                    "eager_us": t.eager_us, "best_us": t.best_us, "speedup": t.speedup, "best_node": t.best_id,
                    "speedup_ci": list(t.speedup_ci) if t.speedup_ci else None, "noisy": t.noisy,
                    "verdict": t.verdict,
-                   "candidates": t.tried, "failed": t.failed, "improved": t.improved, "best_so_far": list(t.curve)}
+                   "candidates": t.tried, "failed": t.failed, "improved": t.improved, "best_so_far": list(t.curve),
+                   "decided": t.progress.decided}
                   for t in view.tasks],
+        "against_wall_time": [{"series": name, "points": [[x, y] for x, y in pts]} for name, pts in view.wall_series()],
         "families": [{"family": f, "before_ms": b, "after_ms": a} for f, b, a in view.families()],
         "cost": {"usd": c.usd, "tokens_in": c.tokens_in, "tokens_out": c.tokens_out,
                  "device_seconds": c.device_seconds, "wall_seconds": s.wall_s, "llm_calls": c.llm_calls,

@@ -7,7 +7,7 @@ Axis values are written short (125k, 1.5M) so that a label fits its margin.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from markupsafe import Markup, escape
 
@@ -103,23 +103,45 @@ def stacked(rows: Sequence[tuple[str, Sequence[tuple[str, float]]]], unit: str, 
     return _svg(width, height, title, body)
 
 
+Points = Sequence[tuple[float, float | None]]
+
+
 def step_lines(series: Sequence[tuple[str, Sequence[float | None]]], title: str, xlabel: str, ylabel: str,
-               width: int = 640, height: int = 280) -> Markup:
-    """Step lines of y against 1..n per series (None: no value yet), with a dashed line at y = 1."""
-    left, right, top, bottom = 56, 16, 12, 44
+               width: int = 640, height: int = 280, decided: Sequence[str] = ()) -> Markup:
+    """Step lines of y against 1..n per series (None: no value yet), with a dashed line at y = 1; the last point
+    of each series named in `decided` is drawn as a ring (a decision, not one more measurement)."""
+    n = max((len(ys) for _, ys in series), default=1) or 1
+    xy = [(name, [(float(i), v) for i, v in enumerate(ys, 1)]) for name, ys in series]
+    xt = [t for t in _ticks(1, n, min(n, 8)) if float(t).is_integer() and 1 <= t <= n]
+    return _steps(xy, (1.0, float(n)), xt, lambda x: str(int(x)), lambda x: f"after {int(x)}", title, xlabel,
+                  ylabel, width, height, decided)
+
+
+def step_xy(series: Sequence[tuple[str, Points]], title: str, xlabel: str, ylabel: str, unit: str = "s",
+            width: int = 640, height: int = 280, decided: Sequence[str] = ()) -> Markup:
+    """Step lines of y against a numeric x from 0 (each series' points in x order), as step_lines."""
+    hi = max((x for _, pts in series for x, _ in pts), default=1.0) or 1.0
+    xt = _ticks(0.0, hi)
+    return _steps(series, (0.0, xt[-1]), xt, si, lambda x: f"at {short(x)} {unit}", title, xlabel, ylabel, width,
+                  height, decided)
+
+
+def _steps(series: Sequence[tuple[str, Points]], xr: tuple[float, float], xt: Sequence[float],
+           xfmt: Callable[[float], str], at: Callable[[float], str], title: str, xlabel: str, ylabel: str,
+           width: int, height: int, decided: Sequence[str]) -> Markup:
+    left, right, top, bottom = 56, 24, 12, 44  # right: half of the last x label
     names = [name for name, _ in series]
     legend_rows = math.ceil(len(names) / 3)
     height += legend_rows * 18
-    values = [v for _, ys in series for v in ys if v is not None] + [1.0]
+    values = [v for _, pts in series for _, v in pts if v is not None] + [1.0]
     lo, hi = min(values), max(values)
     pad = 0.08 * (hi - lo or 1.0)
     yt = _ticks(max(0.0, lo - pad), hi + pad)
     ylo, yhi = yt[0], yt[-1]
-    n = max((len(ys) for _, ys in series), default=1) or 1
     pw, ph = width - left - right, height - top - bottom - legend_rows * 18
 
-    def px(i: float) -> float:
-        return left + pw * (i - 1) / max(n - 1, 1)
+    def px(x: float) -> float:
+        return left + pw * (x - xr[0]) / ((xr[1] - xr[0]) or 1.0)
 
     def py(v: float) -> float:
         return top + ph * (1 - (v - ylo) / ((yhi - ylo) or 1.0))
@@ -128,36 +150,49 @@ def step_lines(series: Sequence[tuple[str, Sequence[float | None]]], title: str,
     for t in yt:
         body.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
                     f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{si(t)}</text>')
-    for i in _ticks(1, n, min(n, 8)):
-        if float(i).is_integer() and 1 <= i <= n:
-            body.append(f'<text x="{px(i):.1f}" y="{top + ph + 16}" text-anchor="middle">{int(i)}</text>')
+    for t in xt:
+        body.append(f'<text x="{px(t):.1f}" y="{top + ph + 16}" text-anchor="middle">{escape(xfmt(t))}</text>')
     body.append(f'<line x1="{left}" x2="{left + pw}" y1="{py(1.0):.1f}" y2="{py(1.0):.1f}" stroke="#888" '
                 f'stroke-dasharray="4 3"/>'
                 f'<text x="{left + pw / 2}" y="{top + ph + 34}" text-anchor="middle">{escape(xlabel)}</text>'
                 f'<text x="14" y="{top + ph / 2}" text-anchor="middle" transform="rotate(-90 14 {top + ph / 2})">'
                 f"{escape(ylabel)}</text>")
-    for name, ys in series:
-        c = colour(name, names)
-        pts: list[tuple[float, float]] = []
-        for i, v in enumerate(ys, 1):
-            if v is None:
-                continue
-            if pts:
-                pts.append((px(i), pts[-1][1]))
-            pts.append((px(i), py(v)))
-        if pts:
-            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-            body.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"/>')
-        for i, v in enumerate(ys, 1):
-            if v is not None:
-                body.append(f'<circle cx="{px(i):.1f}" cy="{py(v):.1f}" r="3" fill="{c}">'
-                            f"<title>{escape(name)}: {v:.2f}x after {i}</title></circle>")
+    for name, pts in series:
+        body += _series(name, pts, colour(name, names), px, py, at, name in decided)
     y0 = height - legend_rows * 18 - 4
     for j, name in enumerate(names):
         x, y = left + (j % 3) * (pw // 3), y0 + (j // 3) * 18
         body.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colour(name, names)}"/>'
                     f'<text x="{x + 16}" y="{y + 10}">{escape(name)}</text>')
     return _svg(width, height, title, body)
+
+
+def _series(name: str, pts: Points, c: str, px: Callable[[float], float], py: Callable[[float], float],
+            at: Callable[[float], str], decided: bool) -> list[str]:
+    """One series: its step line, a dot per value and, where decided, a ring on the last."""
+    line: list[tuple[float, float]] = []
+    for x, v in pts:
+        if v is None:
+            continue
+        if line:
+            line.append((px(x), line[-1][1]))
+        line.append((px(x), py(v)))
+    out = []
+    if line:
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in line)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"/>')
+    last = len(pts) - 1 if pts and pts[-1][1] is not None else -1
+    for k, (x, v) in enumerate(pts):
+        if v is None:
+            continue
+        if decided and k == last:
+            out.append(f'<circle class="decided" cx="{px(x):.1f}" cy="{py(v):.1f}" r="6" fill="#fff" stroke="{c}" '
+                       f'stroke-width="3"><title>{escape(name)}: {v:.2f}x {escape(at(x))}, decided (timed again)'
+                       f"</title></circle>")
+        else:
+            out.append(f'<circle cx="{px(x):.1f}" cy="{py(v):.1f}" r="3" fill="{c}">'
+                       f"<title>{escape(name)}: {v:.2f}x {escape(at(x))}</title></circle>")
+    return out
 
 
 def ranges(rows: Sequence[tuple[str, dict[str, float]]], unit: str, title: str, width: int = 640) -> Markup:

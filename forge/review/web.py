@@ -130,6 +130,10 @@ def _add_fragment_routes(app: FastAPI, store: Store) -> None:
     def frag_run(run_id: str) -> str:
         return html.run_sections(run_view(store, find_run(store, run_id)), link=True)
 
+    @app.get("/fragments/runs/{run_id}/tasks/{task_id}/nodes", response_class=HTMLResponse)
+    def frag_nodes(run_id: str, task_id: int) -> str:
+        return html.nodes_table(task_view(store, _run_task(store, run_id, task_id)[1]))
+
     @app.get("/fragments/nodes/{node_id}", response_class=HTMLResponse)
     def frag_node(node_id: int) -> str:
         return html.node_panel(node_detail(store, node_id))
@@ -160,11 +164,12 @@ def _add_page_routes(app: FastAPI, store: Store) -> None:
     def page_task(run_id: str, task_id: int) -> str:
         run, task = _run_task(store, run_id, task_id)
         view = task_view(store, task)
-        attrs = {"data-tree": f"/api/runs/{run.id}/tasks/{task.id}", "data-running": "1" if run.state == "running"
-                 else "0"}
+        attrs = {"data-tree": f"/api/runs/{run.id}/tasks/{task.id}",
+                 "data-nodes": f"/fragments/runs/{run.id}/tasks/{task.id}/nodes",
+                 "data-running": "1" if run.state == "running" else "0"}
         return html.page("task_page.html", f"forge task {task.key}", inline_css=False, scripts=scripts,
                          body_attrs=attrs, run=run, task=task, summary=html.task_summary(view),
-                         speedup=summarize(store, run).speedup)
+                         nodes=html.nodes_table(view), speedup=summarize(store, run).speedup)
 
 
 def _add_compare_route(app: FastAPI, store: Store) -> None:

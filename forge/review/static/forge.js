@@ -119,7 +119,14 @@
     }
     selected = id;
     document.querySelectorAll("#tree .node").forEach((g) => g.classList.toggle("selected", g.dataset.id === String(id)));
+    markRow();
     history.replaceState(null, "", "#node-" + id);
+  }
+
+  // the node table's row of the selected node
+  function markRow() {
+    document.querySelectorAll("table.nodes tbody tr").forEach((tr) =>
+      tr.classList.toggle("selected", tr.dataset.id === String(selected)));
   }
 
   function drawTree(data) {
@@ -169,6 +176,8 @@
         if (data.version !== version) {
           version = data.version;
           drawTree(data);
+          const content = document.getElementById("content");
+          if (content && body.dataset.nodes) content.innerHTML = await getText(body.dataset.nodes); // escaped
         }
         if (first) {
           const m = /^#node-(\d+)$/.exec(location.hash);
@@ -183,16 +192,26 @@
     await tick(true);
   }
 
-  // Tables with class "sortable": a click on a header sorts by that column (numbers as numbers, "-" last).
+  // Tables with class "sortable": a click on a header sorts by that column (numbers as numbers, "-" last; a
+  // cell's data-sort, where it has one, is its value). The last sort is kept when live refresh replaces a table.
   function cellValue(row, i) {
-    const text = (row.cells[i] ? row.cells[i].textContent : "").trim();
+    const cell = row.cells[i];
+    const text = (cell ? (cell.dataset.sort !== undefined ? cell.dataset.sort : cell.textContent) : "").trim();
     const num = parseFloat(text.replace(/^\$/, "").replace(/,/g, ""));
     return { text, num: /^[-$]?\d/.test(text) && !Number.isNaN(num) ? num : null };
   }
 
+  const lastSort = new Map(); // table class -> { i, desc }
+
   function sortBy(table, th) {
     const i = Array.from(th.parentElement.children).indexOf(th);
-    const desc = !th.classList.contains("sorted-desc");
+    applySort(table, i, !th.classList.contains("sorted-desc"));
+  }
+
+  function applySort(table, i, desc) {
+    const th = table.tHead.rows[0].cells[i];
+    if (!th) return;
+    lastSort.set(table.className, { i, desc });
     table.querySelectorAll("th").forEach((h) => h.classList.remove("sorted-asc", "sorted-desc"));
     th.classList.add(desc ? "sorted-desc" : "sorted-asc");
     const tbody = table.tBodies[0];
@@ -213,6 +232,8 @@
       const heads = table.tHead ? table.tHead.rows : [];
       if (heads.length !== 1) return; // two-row headers (the comparison) are not sortable by a click
       Array.from(heads[0].cells).forEach((th) => th.addEventListener("click", () => sortBy(table, th)));
+      const last = lastSort.get(table.className);
+      if (last) applySort(table, last.i, last.desc);
     });
   }
 
@@ -232,7 +253,14 @@
     const input = document.getElementById("filter");
     if (input) input.addEventListener("input", applyFilter);
     const content = document.getElementById("content");
-    if (content) new MutationObserver(() => { sortable(content); applyFilter(); }).observe(content, { childList: true });
+    if (!content) return;
+    new MutationObserver(() => { sortable(content); applyFilter(); markRow(); }).observe(content, { childList: true });
+    content.addEventListener("click", (ev) => { // the node table: a node's id opens it beside the tree
+      const a = ev.target.closest("a.node-link");
+      if (!a) return;
+      ev.preventDefault();
+      select(Number(a.dataset.id));
+    });
   }
 
   tables();

@@ -139,12 +139,14 @@ def test_the_entry_point_is_what_dynamo_finds(tmp_path):
     script = ("import torch, forge.backend\n"
               "from torch._dynamo.backends.registry import list_backends, lookup_backend\n"
               "assert 'forge' in list_backends() and lookup_backend('forge') is forge.backend.backend\n"
+              "from forge.runtime.artifact import ArtifactError\n"
               "m, x = torch.nn.Linear(8, 8), torch.randn(2, 8)\n"
-              "with torch.no_grad():\n"
-              "    torch.testing.assert_close(torch.compile(m, backend='forge', options={'artifact': '/nowhere'})(x),"
-              " m(x))\n"
-              "print('ok')\n")
+              "try:\n"
+              "    with torch.no_grad():\n"
+              "        torch.compile(m, backend='forge', options={'artifact': '/nowhere'})(x)\n"
+              "except ArtifactError as e:\n"
+              "    print('ok' if 'Invalid artifact /nowhere' in str(e) else e)\n")
     env = {"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
-    assert "could not load the artifact" in done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]  # forge's backend ran: it
+    # read the options and said the artifact is not there

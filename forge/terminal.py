@@ -195,7 +195,7 @@ class RunProgress(Progress):
     def task_done(self, key: str, tried: int, best: float | None, reason: str) -> None:
         self.tried[key] = tried
         self._row(key, tried, best, f"; stopped: {reason}")
-        speed = f", best {best:.2f}x" if best else ""
+        speed = f", best so far {best:.2f}x" if best else ""  # the decided one, timed again, is in the table
         self._line(f"task {key}: {tried} candidates{speed} ({self.done()}/{self.candidates} in all); "
                    f"stopped: {reason}")
 

@@ -55,7 +55,7 @@ def apply(model: Any, inputs: list[Any], kernels: list[Any], strict: bool = Fals
     from forge.runtime.result import ForgeModel
 
     opt = _apply(model, inputs, kernels, strict=strict)
-    return ForgeModel(opt, model, opt, opt.reread, derived=opt._state is None)
+    return ForgeModel.patched_graph(opt)
 
 
 def load(path: Any, model: Any, inputs: list[Any], strict: bool = False, verify: bool = False) -> Any:

@@ -89,25 +89,25 @@ class DynamoGraph(torch.nn.Module):
         super().__init__()
         self.graph = gm
         self.slots = [i for i, a in enumerate(args) if isinstance(a, torch.nn.Parameter)]
+        self._held = frozenset(self.slots)  # looked up on every call: a set, made once
         self.n = len(args)
         for j, i in enumerate(self.slots):
             self.register_parameter(f"p{j}", args[i])  # the user's Parameter itself, not a copy
         self.train(gm.training)
 
     def held(self) -> list[torch.nn.Parameter]:
-        return [getattr(self, f"p{j}") for j in range(len(self.slots))]
+        return list(self._parameters.values())  # p0, p1, ... in registration order
 
     def split(self, args: tuple[Any, ...]) -> list[Any] | None:
         """The graph's inputs other than the held parameters; None when another tensor is passed for one."""
         if len(args) != self.n or any(args[i] is not p for i, p in zip(self.slots, self.held(), strict=True)):
             return None
-        slots = set(self.slots)
-        return [a for i, a in enumerate(args) if i not in slots]
+        return [a for i, a in enumerate(args) if i not in self._held]
 
     def forward(self, *inputs: Any) -> Any:
         args, rest, params = [], iter(inputs), iter(self.held())
         for i in range(self.n):
-            args.append(next(params) if i in self.slots else next(rest))
+            args.append(next(params) if i in self._held else next(rest))
         return self.graph(*args)
 
 

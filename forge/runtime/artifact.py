@@ -190,7 +190,7 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
             log.warning(msg)
     if "variant" not in data:  # an artifact from before variants: kernels, and a CUDA graph when it says so
         opt = apply(model, inputs, keep, strict=strict, cuda_graph=bool(data.get("cuda_graph")), cap=cap)
-        return ForgeModel(opt, model, opt, opt.reread, derived=opt._state is None)
+        return ForgeModel.patched_graph(opt)
     from forge.runtime.variants import Variant, build
 
     try:

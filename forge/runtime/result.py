@@ -61,6 +61,12 @@ class ForgeModel(torch.nn.Module):
         self.calls, self.fallbacks = 0, Counter[str]()
         _watch(self, model)
 
+    @classmethod
+    def patched_graph(cls, opt: OptimizedModule) -> ForgeModel:
+        """The result of a patched graph without rewrites (forge.apply, an artifact from before variants): it
+        reads replaced parameters where it holds the model's own, and holds derived values where it does not."""
+        return cls(opt, opt.original, opt, opt.reread, derived=opt._state is None)
+
     def forward(self, *inputs: Any) -> Any:
         if _grad_enabled() and (any(p.requires_grad for p in self._params) or
                                 any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)):

@@ -21,7 +21,7 @@ from forge.progress import Progress
 from forge.runtime import artifact
 from forge.runtime.dispatch import KernelArtifact
 from forge.runtime.endtoend import alternate
-from forge.runtime.variants import GAIN, TRIVIAL, Measured, Variant, choose, measure_floor
+from forge.runtime.variants import GAIN, TRIVIAL, Ahead, Measured, Variant, choose, measure_floor
 from forge.runtime.variants_blocks import choose_blockwise
 from forge.search.driver import Budget, TaskOutcome, search
 from forge.store import RunRecord, Store, TaskRecord
@@ -36,7 +36,10 @@ log = logging.getLogger(__name__)
 # compilation left the second one, the one with forge's kernels, 1 s short of the third fraction. On a GPU the
 # first compilation (torch.compile's own result, the floor) is measured before the search, out of its share
 # (forge.runtime.variants.measure_floor): after it, on Gemma 4 and the SD3.5 MMDiT (0d9eb0b, and dda6433 with a
-# 0.4 share) it left no time for the second, and forge's result was torch.compile's own.
+# 0.4 share) it left no time for the second, and forge's result was torch.compile's own. With the floor ahead but
+# the chain without kernels after the search (0ea6aef), Gemma 4's second compilation missed again (judged at
+# ~220 s by a 67 s floor): the search ran past its share re-timing winners. So the chain without kernels is
+# measured ahead too, and the search ends early enough for what follows it (_search_seconds).
 _SEARCH_SHARE, _COMPILE_BY, _COMPILE_END = 0.5, 0.8, 0.95
 
 
@@ -199,9 +202,9 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
     folder = _artifact_folder(store, run, runs_dir)
     pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
-        floor = _floor(loaded, cap, shown) if inductor else ([], 0.0)  # before the workers: nothing else runs
+        floor = _floor(loaded, cap, shown) if inductor else None  # before the workers: nothing else runs
         with Evaluator(loaded.device) as ev:
-            searching = replace(budget, seconds=max(5.0, budget.seconds * _SEARCH_SHARE - (time.monotonic() - start)))
+            searching = replace(budget, seconds=_search_seconds(budget.seconds, time.monotonic() - start, floor))
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, shown,
                               resume=bool(resume))
         shown.stage("variants")
@@ -240,18 +243,29 @@ def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: 
     return run, budget
 
 
-def _floor(loaded: LoadedModel, cap: Capture | None, shown: Progress) -> tuple[list[Measured], float]:
-    """torch.compile's result measured ahead of the search on a GPU, else none (on the CPU compilations take
-    seconds: after the search, as before)."""
+def _search_seconds(seconds: float, elapsed: float, floor: Ahead | None) -> float:
+    """The search's wall time: to its share of the run's, and, when the floor was measured ahead, no later than
+    leaves time before the last fraction for what follows it, judged by what the floor's stage took: the
+    re-timing of the winners (a tenth of the run), the chain with the found kernels (as long as the one
+    without them) and one more compilation (as long as the floor's). At least 5 s."""
+    left = seconds * _SEARCH_SHARE - elapsed
+    if floor is not None and floor.tried:
+        left = min(left, seconds * (_COMPILE_END - 0.1) - elapsed - floor.chain_s - floor.compile_s)
+    return max(5.0, left)
+
+
+def _floor(loaded: LoadedModel, cap: Capture | None, shown: Progress) -> Ahead | None:
+    """The chain without kernels and torch.compile's result measured ahead of the search on a GPU, else none
+    (on the CPU compilations take seconds: after the search, as before)."""
     if cap is None or not loaded.device.startswith("cuda"):
-        return [], 0.0
+        return None
     shown.stage("compile")
     return measure_floor(loaded.model, loaded.inputs, loaded.device, cap)
 
 
 def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof: Profile, cap: Capture | None,
             outcomes: tuple[TaskOutcome, ...], budget: Budget, start: float, folder: Path,
-            inductor: bool, floor: tuple[list[Measured], float]) -> OptimizeReport:
+            inductor: bool, floor: Ahead | None) -> OptimizeReport:
     """The searched kernels' variants measured end to end, the fastest saved as the run's artifact (eager's
     when none beats it), the run finished in the store, and the report."""
     by_key = {t.key: t for t in prof.tasks}

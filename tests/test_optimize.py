@@ -98,3 +98,17 @@ def test_a_cuda_graph_replays_the_patched_model_on_new_inputs():
     assert opt.cuda_graph and opt.graph_error == "" and opt._replay is not None
     got, want = outs[0]  # later replays did not overwrite what the first call returned
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_the_search_ends_early_enough_for_the_compilation_after_it():
+    from forge.job import _search_seconds
+    from forge.runtime.variants import Ahead
+
+    # no floor measured ahead (the CPU): its share of the run, less what capture took; never under 5 s
+    assert _search_seconds(300.0, 20.0, None) == 130.0 and _search_seconds(300.0, 200.0, None) == 5.0
+    # a 90-s floor and a 40-s chain ahead: the re-timing (a tenth), the chain with kernels and one more
+    # compilation must fit before 0.95 of the run, which ends the search before its share
+    assert _search_seconds(300.0, 100.0, Ahead((object(),), 90.0, 40.0)) == pytest.approx(300 * 0.85 - 230)
+    assert _search_seconds(300.0, 100.0, Ahead((), 90.0, 40.0)) == 50.0  # nothing measured: the share alone
+    # a short floor leaves the share as it is
+    assert _search_seconds(300.0, 60.0, Ahead((object(),), 10.0, 10.0)) == 90.0

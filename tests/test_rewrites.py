@@ -391,8 +391,10 @@ def test_on_cuda_a_chain_starts_on_the_faster_runtime_and_its_compiled_end_follo
 def test_the_floor_measured_ahead_is_not_measured_again_and_paces_the_next_compilation():
     torch.manual_seed(5)
     model, x = Projections().eval(), torch.randn(3, 4, 19)
-    tried, seconds = measure_floor(model, [x], "cpu")  # what forge optimize does on a GPU before the search
-    assert [m.variant.name for m in tried] == ["eager graph, graph", "model, inductor"] and seconds > 0
+    ahead = measure_floor(model, [x], "cpu")  # what forge optimize does on a GPU before the search
+    tried, seconds = ahead.tried, ahead.compile_s
+    assert tried[0].variant.name == "eager graph, graph" and tried[-1].variant.name == "model, inductor"
+    assert seconds > 0 and ahead.chain_s > 0
     floor = tried[-1]
     assert floor.ok and floor.match
 
@@ -400,9 +402,9 @@ def test_the_floor_measured_ahead_is_not_measured_again_and_paces_the_next_compi
         return [m for m in seen if m.variant.runtime.startswith("inductor")]
 
     # the next compilation would end after `finish` (judged by the floor's time): none starts
-    best, seen = choose(model, [x], [], "cpu", finish=time.monotonic() + seconds / 2, ahead=(list(tried), seconds))
+    best, seen = choose(model, [x], [], "cpu", finish=time.monotonic() + seconds / 2, ahead=ahead)
     assert compiled(seen) == [floor] and best.ok and time_of(best) <= time_of(floor)
-    assert sum(m is tried[0] for m in seen) == 1  # the chain's first step, not measured again
+    assert all(sum(m is t for m in seen) == 1 for t in tried)  # the chain without kernels, not measured again
     # with time for it, the next one starts: judged by the floor's time, not as the first (which always starts)
     now = time.monotonic()
     assert may_compile(now, seconds, None, now + 2 * seconds) and not may_compile(now, seconds, None, now + seconds / 2)

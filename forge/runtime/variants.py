@@ -301,12 +301,23 @@ def may_compile(now: float, last: float, deadline: float | None, finish: float |
     return deadline is None or now <= deadline
 
 
-def measure_floor(model: torch.nn.Module, inputs: list[Any], device: str, cap: Capture | None = None
-                  ) -> tuple[list[Measured], float]:
-    """What torch.compile makes of the model, measured ahead of the search (choose's floor, on the runtime
-    the chain without kernels would start on): (the measurements made, the seconds its compilation and timing
-    took). Ahead, because on a reference model it takes as long as the compilation that can beat it (51-63 s
-    on Gemma 4 on an H200): measured after the search, the two no longer fitted in 300 s (0d9eb0b, dda6433)."""
+@dataclass(frozen=True)
+class Ahead:
+    """What forge optimize measures on a GPU before the search (measure_floor): every measurement made, the
+    seconds the floor's compilation (with its timing) took, and the seconds the chain without kernels took."""
+
+    tried: tuple[Measured, ...] = ()
+    compile_s: float = 0.0
+    chain_s: float = 0.0
+
+
+def measure_floor(model: torch.nn.Module, inputs: list[Any], device: str, cap: Capture | None = None,
+                  rewrites: tuple[str, ...] | None = None) -> Ahead:
+    """What needs no found kernel, measured ahead of the search: the chain without kernels (uncompiled; choose
+    does not measure it again) and what torch.compile makes of the model (choose's floor, on the runtime that
+    chain's compiled end has). Ahead, because on a reference model the floor's compilation takes as long as the
+    one that can beat it (51-67 s on Gemma 4 on an H200): after the search, the two no longer fitted in 300 s
+    (0d9eb0b, dda6433), nor, with the floor ahead but the chain after, did the second (0ea6aef)."""
     cap = cap or capture(model, inputs)
     tried: list[Measured] = []
 
@@ -314,16 +325,22 @@ def measure_floor(model: torch.nn.Module, inputs: list[Any], device: str, cap: C
         tried.append(measure(model, inputs, [], v, device, cap, need)[0])
         return tried[-1]
 
-    _, runtime = first_step(run, False, device.startswith("cuda"))
     start = time.monotonic()
+    _, _, runtime = _greedy(run, False, _names(rewrites, device), device.startswith("cuda"))
+    chained = time.monotonic()
     run(Variant(False, (), runtime))
-    return tried, time.monotonic() - start
+    return Ahead(tuple(tried), time.monotonic() - chained, chained - start)
+
+
+def _names(rewrites: tuple[str, ...] | None, device: str) -> tuple[str, ...]:
+    """The rewrites a chain tries: `rewrites`, or every one in REWRITES that applies to the device."""
+    return parse(rewrites if rewrites is not None else tuple(n for n, r in REWRITES.items() if r.applies_to(device)))
 
 
 def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
            compile: bool = True, deadline: float | None = None, finish: float | None = None,
            rewrites: tuple[str, ...] | None = None, cap: Capture | None = None,
-           ahead: tuple[list[Measured], float] = ([], 0.0)) -> tuple[Measured, list[Measured]]:
+           ahead: Ahead | None = None) -> tuple[Measured, list[Measured]]:
     """The fastest variant measured (greedy, see the module docstring) and every measurement made.
 
     `rewrites`: the rewrites to try (default: every one in forge.runtime.rewrites.REWRITES that applies to the
@@ -331,20 +348,21 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     after it; `finish`: nor one that would end after it, judged by the last compilation's time (may_compile).
     `cap`: the model's capture on `inputs` (in the layout its kernels were found for, forge.capture.layout),
     when the caller has it. `ahead`: measure_floor's result, when it ran: those variants are not measured
-    again, and the first compilation here is judged by the floor's time.
+    again (the chain without kernels comes out the same), and the first compilation here is judged by the
+    floor's time.
     """
     cuda = device.startswith("cuda")
     tried: list[Measured] = []
     cap = cap or capture(model, inputs)  # once: every variant starts from a copy of it
-    known = {m.variant: m for m in ahead[0]}
+    ahead = ahead or Ahead()
+    known = {m.variant: m for m in ahead.tried}
 
     def run(v: Variant, need: str = "") -> Measured:
         m = known.pop(v, None) or measure(model, inputs, kernels, v, device, cap, need)[0]
         tried.append(m)
         return m
 
-    names = parse(rewrites if rewrites is not None else
-                  tuple(n for n, r in REWRITES.items() if r.applies_to(device)))
+    names = _names(rewrites, device)
     # One greedy chain without the kernels (a rewrite then reaches every site) and one with them: a kernel
     # that swallows a BatchNorm leaves nothing to fold, so the chains end in different places.
     heads = [_greedy(run, False, names, cuda)] + ([_greedy(run, True, names, cuda)] if kernels else [])
@@ -361,7 +379,7 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     # Inductor from its NHWC TF32 one: 2.25x where torch.compile alone made 2.80x)
     floor = Variant(False, (), heads[0][2])
     compiled = [floor, *(v for v in compiled if v != floor)]
-    last = ahead[1]  # seconds the last compilation took (with its timing)
+    last = ahead.compile_s  # seconds the last compilation took (with its timing)
     queue = compiled if compile else []
     while queue:
         v = queue.pop(0)

@@ -162,7 +162,7 @@ def main() -> int:
         table(rows)
         profiles(rows)
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("forge.capture.export", "forge.runtime.rewrites", "torch"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}

@@ -205,8 +205,10 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
         floor = _floor(loaded, cap, shown) if inductor else None  # before the workers: nothing else runs
         with Evaluator(loaded.device) as ev:
             searching = replace(budget, seconds=_search_seconds(budget.seconds, time.monotonic() - start, floor))
+            log.info("the search starts at %.1f s of the run, for %.1f s", time.monotonic() - start, searching.seconds)
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, shown,
                               resume=bool(resume))
+        log.info("the search ended at %.1f s of the run", time.monotonic() - start)
         shown.stage("variants")
         report = _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, folder, inductor, floor)
         shown.stage("done")

@@ -211,6 +211,31 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """forge export: a run's kernels as a kernel repository (forge.export.hf_kernels)."""
+    from forge.export.hf_kernels import export
+    from forge.review.data import find_run, open_store
+
+    try:
+        store = open_store(args.db)
+        run = find_run(store, args.run)
+    except (FileNotFoundError, KeyError) as e:
+        raise UserError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+    load = run.config.get("load", {})
+    ns = argparse.Namespace(model=load.get("file"), zoo=load.get("zoo"), device=run.device, dtype=run.dtype,
+                            eval=run.config.get("mode", "eval") == "eval",
+                            **{k: load.get("sizes", {}).get(k) for k in ("layers", "batch", "seq", "resolution")})
+    if not ns.model and not ns.zoo:
+        raise UserError(f"run {run.id} does not say how its model was loaded (it was not run by forge optimize)")
+    loaded = load_model(ns)
+    res = export(store, run.id, loaded.model, loaded.inputs, args.dir, name=args.name)
+    from forge import terminal
+
+    terminal.console().print(f"exported {len(res.kernels)} kernels of run {run.id} to {res.folder} "
+                             f"({', '.join(res.variants)}); layers: {', '.join(res.layers) or 'none'}")
+    return 0
+
+
 def resume_command(args: argparse.Namespace, run_id: str) -> str:
     """The command that continues run `run_id` as it was started: --resume with the options the run does not
     store (--db, --no-inductor, the LLM's --max-usd, --prices and --replay, --json, -v); model, device, dtype,
@@ -295,6 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN", help="continue a stopped or killed run (its id) with its own "
                    "model, device, budget and stored candidates; none is evaluated again")
     p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("export", help="write a run's kernels as a Hugging Face kernel repository")
+    p.add_argument("run", metavar="RUN", help="a run id (or unique prefix, or last)")
+    p.add_argument("dir", metavar="DIR", help="the new repository's folder (must not exist or be empty)")
+    p.add_argument("--format", choices=["hf-kernels"], default="hf-kernels", help="the repository's layout")
+    p.add_argument("--name", help="the kernel's name (default: forge-<run id>)")
+    p.add_argument("--db", help=DB_HELP)
+    p.set_defaults(func=cmd_export)
 
     from forge.review.commands import register  # runs, tree, show, report, ui
 

@@ -1,0 +1,189 @@
+"""`forge export RUN --format hf-kernels DIR`: a run's kernels as a Hugging Face kernel repository.
+
+The layout the `kernels` package (>= 0.19) loads with `get_local_kernel(DIR)` and `LocalLayerRepository`, in
+kernel-builder's source layout:
+
+    DIR/build.toml                      kernel-builder's configuration: the kernels' sources by backend
+    DIR/README.md                       the card: device, shapes, measured speedups, how to kernelize
+    DIR/torch-ext/<pkg>/                the package's source: __init__.py, _runtime.py, layers.py, kernels.json,
+                                        kernels/<name>.cpp|.cu|.py, references/<name>.py
+    DIR/build/<variant>/metadata.json   name, id, backend, and the digest the kernels package checks on load
+    DIR/build/<variant>/<pkg>/          the package with the built kernels
+    DIR/tests/test_<pkg>.py             each kernel against its reference, loaded with the kernels package
+
+Variants: CPU kernels (C shared libraries with forge's C entry point, called through ctypes: they link neither
+Python nor torch) go to the arch variant `torch<MAJ><MIN>-cxx11-cpu-<machine>-linux` of this torch, since they are
+machine code; native CUDA ones to `torch<MAJ><MIN>-cxx11-cu<CUDA>-<machine>-linux`; Triton kernels, which are
+Python, to `torch-universal`. CPU kernels go to `torch-universal` too: the kernels package picks the backend from
+the torch build, CUDA for a CUDA wheel even on a machine without a GPU (the default Linux wheel), and there it
+takes no `cpu` variant; in the universal package a native kernel runs only on the machine and OS it was built for
+(kernels.json's `platform`), its reference elsewhere. The libraries are the artifact's, checked against its hashes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import platform
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from forge.backends import BACKENDS
+from forge.capture.layout import capture_in
+from forge.errors import UserError
+from forge.export import render
+from forge.export.align import LayerSpec, layers
+from forge.review.data import find_run, task_view
+from forge.runtime import artifact
+from forge.runtime.dispatch import KernelArtifact
+from forge.store import Store
+
+PACKAGE = Path(__file__).resolve().parent / "package"
+UNIVERSAL = "torch-universal"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What an export wrote."""
+
+    folder: Path
+    name: str  # the kernel repository's name (metadata and build.toml)
+    kernels: tuple[str, ...]
+    layers: tuple[str, ...]
+    variants: tuple[str, ...]
+
+
+def variants_of(backend: str) -> tuple[str, ...]:
+    """The build variants a kernel of `backend` goes to, for this torch and machine (see the module doc)."""
+    if backend == "triton":
+        return (UNIVERSAL,)
+    ver = torch.__version__.split("+")[0].split(".")
+    abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
+    if backend == "cuda":
+        cu = "".join((torch.version.cuda or "0.0").split(".")[:2])
+        dev = f"cu{cu}"
+    else:
+        dev = "cpu"
+    arch = f"torch{ver[0]}{ver[1]}-{abi}-{dev}-{platform.machine()}-{platform.system().lower()}"
+    return (arch, UNIVERSAL) if backend == "cpu" else (arch,)
+
+
+def _digest(variant: Path) -> dict[str, Any]:
+    """The digest the kernels package checks (sha256, base64, per file below the variant; not metadata.json
+    nor __pycache__)."""
+    files = {}
+    for f in sorted(variant.rglob("*")):
+        rel = f.relative_to(variant)
+        if f.is_file() and rel.as_posix() != "metadata.json" and "__pycache__" not in rel.parts:
+            files[rel.as_posix()] = base64.b64encode(hashlib.sha256(f.read_bytes()).digest()).decode()
+    return {"algorithm": "sha256", "files": files}
+
+
+def _entry(k: KernelArtifact, name: str, lib: bool) -> dict[str, Any]:
+    b = BACKENDS[k.backend]
+    file = f"kernels/{name}{Path(k.path).suffix}" if lib else f"kernels/{name}{b.suffix}"
+    native = {"platform": f"{platform.machine()}-{platform.system().lower()}"} if b.native else {}
+    return {**native, "name": name, "key": k.key, "backend": k.backend, "device_type": b.device, "entry": k.entry,
+            "file": file, "reference": f"references/{name}.py", "inputs": [m.to_json() for m in k.inputs],
+            "outputs": [m.to_json() for m in k.outputs]}
+
+
+def _package(dst: Path, pyname: str, namespace: str, kernels: list[tuple[KernelArtifact, render.Exported]],
+             specs: dict[str, tuple[LayerSpec, str]], built: bool) -> None:
+    """The Python package at `dst`: with the built kernels (`built`, a build variant) or their sources
+    (torch-ext)."""
+    (dst / "kernels").mkdir(parents=True, exist_ok=True)
+    (dst / "references").mkdir(exist_ok=True)
+    shutil.copyfile(PACKAGE / "_runtime.py", dst / "_runtime.py")
+    for k, e in kernels:
+        (dst / "references" / f"{e.name}.py").write_text(k.source)
+        if built:
+            shutil.copyfile(k.path, dst / "kernels" / f"{e.name}{Path(k.path).suffix}")
+        else:
+            (dst / "kernels" / f"{e.name}{BACKENDS[k.backend].suffix}").write_text(k.kernel_source)
+    entries = [_entry(k, e.name, built) for k, e in kernels]
+    (dst / "kernels.json").write_text(json.dumps({"namespace": namespace, "kernels": entries}, indent=1) + "\n")
+    (dst / "__init__.py").write_text(render.init_py(pyname, [e for _, e in kernels], sorted(specs)))
+    (dst / "layers.py").write_text(render.layers_py(specs))
+
+
+def _exported(k: KernelArtifact, stats: dict[str, tuple[float | None, float | None, str]]) -> render.Exported:
+    eager, best, family = stats.get(k.key, (None, None, ""))
+    return render.Exported(k.key.replace("-", "_"), k.key, k.backend, family, tuple(m.short() for m in k.inputs),
+                           k.outputs[0].dtype if k.outputs else "float32", eager, best)
+
+
+def _stats(store: Store, run_id: str) -> dict[str, tuple[float | None, float | None, str]]:
+    """Per task key: eager's and the chosen kernel's median (us) in the search, and the task's family."""
+    out = {}
+    for t in store.get_tasks(run_id):
+        tv = task_view(store, t)
+        out[t.key] = (tv.eager_us, tv.best_us, t.family)
+    return out
+
+
+def kernels_of(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any]
+               ) -> tuple[dict[str, Any], dict[str, Any], list[KernelArtifact]]:
+    """The run's record (as a dict), its artifact's manifest and its kernels (each file checked), with their
+    references rendered from `model` (never the manifest's text: forge.runtime.artifact)."""
+    try:
+        run = find_run(store, ref)
+    except KeyError as e:
+        raise UserError(str(e.args[0])) from None
+    folder = run.config.get("artifact")
+    if not folder:
+        raise UserError(f"run {run.id} has no artifact (it did not finish: forge optimize --resume {run.id})")
+    _, data = artifact.manifest_of(folder)
+    kernels = artifact.read(folder, model, inputs)
+    if not kernels:
+        raise UserError(f"run {run.id}'s artifact has no kernels ({data.get('note') or 'nothing was faster'})")
+    info = {"run_id": run.id, "model": run.model, "eager_ms": run.eager_ms, "forge_ms": run.forge_ms}
+    return info, data, kernels
+
+
+def export(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any], folder: str | Path,
+           name: str | None = None) -> ExportResult:
+    """Write run `ref`'s kernels as a kernel repository in `folder` (see the module doc); `model` on `inputs` is
+    the run's model (its capture tells which kernels are one module: forge.export.align)."""
+    info, data, kernels = kernels_of(store, ref, model, inputs)
+    name = name or re.sub(r"[^a-z0-9-]+", "-", f"forge-{info['run_id']}".lower()).strip("-")
+    pyname = name.replace("-", "_")
+    digest = hashlib.sha256(b"".join(Path(k.path).read_bytes() + k.kernel_source.encode() for k in kernels))
+    namespace = f"_{pyname}_{digest.hexdigest()[:10]}"
+    cap = capture_in(model, inputs, data.get("layout", ""))
+    by_class = layers(model, cap, {k.key for k in kernels})
+    stats = _stats(store, info["run_id"])
+    pairs = [(k, _exported(k, stats)) for k in kernels]
+    names = {k.key: e.name for k, e in pairs}
+    specs = {cls: (s, names[s.key]) for cls, s in by_class.items()}
+    root = Path(folder)
+    if root.exists() and any(root.iterdir()):
+        raise UserError(f"{root} exists and is not empty: export into a new folder")
+    by_variant: dict[str, list[tuple[KernelArtifact, render.Exported]]] = {}
+    for k, e in pairs:
+        for v in variants_of(k.backend):
+            by_variant.setdefault(v, []).append((k, e))
+    _package(root / "torch-ext" / pyname, pyname, namespace, pairs, specs, built=False)
+    for variant, members in sorted(by_variant.items()):
+        here = {e.name for _, e in members}
+        vdir = root / "build" / variant
+        _package(vdir / pyname, pyname, namespace, members,
+                 {c: (s, n) for c, (s, n) in specs.items() if n in here}, built=True)
+        backend = "universal" if variant == UNIVERSAL else BACKENDS[members[0][0].backend].device
+        meta = {"name": name, "id": f"{namespace}_{variant.replace('-', '_')}", "version": 1,
+                "license": "apache-2.0", "backend": {"type": backend}, "python-depends": [],
+                "digest": _digest(vdir)}
+        (vdir / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (root / "tests").mkdir()
+    (root / "tests" / f"test_{pyname}.py").write_text(render.test_py(pyname, [e for _, e in pairs]))
+    backends = sorted({"cpu" if k.backend == "cpu" else "cuda" for k in kernels})
+    (root / "build.toml").write_text(render.build_toml(name, [e for _, e in pairs], backends))
+    (root / "README.md").write_text(render.card(name, {**data, **info}, [e for _, e in pairs], specs,
+                                                sorted(by_variant)))
+    return ExportResult(root, name, tuple(names.values()), tuple(sorted(specs)), tuple(sorted(by_variant)))

@@ -1,0 +1,210 @@
+"""The text of an exported kernel repository's generated files: the package's __init__.py and layers.py, the
+tests, build.toml and the card (README.md). Pure functions of the export's plan (forge.export.hf_kernels)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from forge.export.align import LayerSpec
+from forge.tolerance import tolerance
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One kernel as the export names and describes it."""
+
+    name: str  # the op's and the function's name (the task key, with underscores)
+    key: str
+    backend: str
+    family: str
+    inputs: tuple[str, ...]  # short metadata, e.g. "f32[4, 256, 512]"
+    dtype: str  # of the first output: the tests' tolerance
+    eager_us: float | None
+    kernel_us: float | None
+
+
+def init_py(pyname: str, kernels: list[Exported], layer_names: list[str]) -> str:
+    """The package's __init__.py: loads the runtime, exposes each kernel as a function and `ops`."""
+    names = [k.name for k in kernels]
+    lines = [f'"""{pyname}: kernels exported by forge; each is a torch op (`ops.<name>`) and a guarded function."""',
+             "", "from pathlib import Path", "", "import torch", "", "from . import _runtime", "",
+             "namespace, _KERNELS = _runtime.load(Path(__file__).parent)",
+             "ops = getattr(torch.ops, namespace)", ""]
+    lines += [f"{n} = _KERNELS[{n!r}]" for n in names]
+    lines += ["", "from . import layers  # noqa: E402 - the layers call the kernels above", "",
+              f"__all__ = {['ops', 'layers', *names]!r}", f"LAYERS = {layer_names!r}", ""]
+    return "\n".join(lines)
+
+
+def _layer(spec: LayerSpec, name: str) -> str:
+    numel = 1
+    for d in spec.arg_shape:
+        numel *= d
+    args = ", ".join(f"{spec.arg_name}.reshape({spec.arg_shape!r})" if not i else f"self.{i}" for i in spec.inputs)
+    config = ", ".join(f"{k!r}: {v!r}" for k, v in spec.config)
+    return f'''
+
+_{spec.layer_name}_CONFIG = {{{config}}}
+
+
+class {spec.layer_name}(nn.Module):
+    """{spec.module_class} ({spec.module_path} in the exported model) through kernel `{name}`; the module's own
+    forward where its attributes differ from the exported one's or the kernel's guard does not hold."""
+
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, {spec.arg_name}):
+        k = _KERNELS[{name!r}]
+        if {spec.arg_name}.numel() == {numel} and all(getattr(self, a, None) == v
+                                         for a, v in _{spec.layer_name}_CONFIG.items()):
+            args = ({args},)
+            if k.applies(args):
+                return k.op(*args)[{spec.out_index}].reshape({spec.out_shape!r})
+        return type(self).forward(self, {spec.arg_name})
+'''
+
+
+def layers_py(specs: dict[str, tuple[LayerSpec, str]]) -> str:
+    """layers.py: one stateless layer per module-aligned kernel (kernels.kernelize checks they add no member)."""
+    head = ('"""Layers for kernels.kernelize: each replaces the forward of one module class of the exported model."""'
+            "\n\nfrom torch import nn\n\nfrom . import _KERNELS\n")
+    body = "".join(_layer(spec, name) for spec, name in specs.values())
+    return head + body + f"\n\n__all__ = {sorted(specs)!r}\n"
+
+
+def test_py(pyname: str, kernels: list[Exported]) -> str:
+    """tests/test_<pyname>.py: each kernel, loaded with the kernels package, against its reference."""
+    tols = {k.name: tolerance(k.dtype).kernel for k in kernels}
+    return f'''"""Each kernel of {pyname} against its reference region (forge's kernel tolerance per dtype), on fresh
+random inputs of the shapes it was verified for. Run from the repository: python -m pytest tests"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from kernels import get_local_kernel
+
+REPO = Path(__file__).resolve().parent.parent
+TOLERANCE = {tols!r}
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return get_local_kernel(REPO)
+
+
+def _inputs(k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for m in k.inputs:
+        if m.dtype.is_floating_point:
+            t = torch.randn(m.shape, generator=gen, dtype=torch.float32).to(m.dtype)
+        elif m.dtype is torch.bool:
+            t = torch.rand(m.shape, generator=gen) > 0.5
+        else:
+            t = torch.randint(0, 8, m.shape, generator=gen, dtype=m.dtype)
+        out.append(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=k.device_type).copy_(t))
+    return out
+
+
+def _error(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).abs() / (ref.abs() + ref.abs().mean())).max().item() if ref.numel() else 0.0
+
+
+@pytest.mark.parametrize("name", sorted(TOLERANCE))
+def test_kernel_matches_its_reference(kernel, name):
+    k = getattr(kernel, name)
+    if k.device_type == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    for seed in (0, 1):
+        args = _inputs(k, seed)
+        assert k.applies(tuple(args))
+        with torch.no_grad():
+            outs, refs = k.op(*args), k.reference(*args)
+        assert len(outs) == len(refs)
+        for o, r in zip(outs, refs):
+            assert o.shape == r.shape and o.dtype == r.dtype
+            assert _error(o, r) <= TOLERANCE[name], (name, seed, _error(o, r))
+'''
+
+
+def build_toml(name: str, kernels: list[Exported], backends: list[str]) -> str:
+    """kernel-builder's build.toml: the kernels' sources by backend (forge builds them: see the card)."""
+    lines = ["[general]", f'name = "{name}"', "version = 1", 'license = "apache-2.0"',
+             f"backends = {backends!r}".replace("'", '"'), "", "[torch]",
+             f'src = ["torch-ext/{name.replace("-", "_")}/__init__.py"]', ""]
+    for k in kernels:
+        suffix = ".py" if k.backend == "triton" else ".cu" if k.backend == "cuda" else ".cpp"
+        lines += [f"[kernel.{k.name}]", f'backend = "{"cuda" if k.backend != "cpu" else "cpu"}"',
+                  'depends = ["torch"]', f'src = ["kernels/{k.name}{suffix}"]', ""]
+    return "\n".join(lines)
+
+
+def _us(v: float | None) -> str:
+    return f"{v:.1f}" if v else "-"
+
+
+def card(name: str, info: dict, kernels: list[Exported], specs: dict[str, tuple[LayerSpec, str]],
+         variants: list[str]) -> str:
+    """README.md: where the kernels were tuned, what they take, how fast they were there, how to load them."""
+    pyname = name.replace("-", "_")
+    rows = "\n".join(f"| `{k.name}` | {k.family} | {k.backend} | {', '.join(k.inputs)} | {_us(k.eager_us)} | "
+                     f"{_us(k.kernel_us)} | {(k.eager_us / k.kernel_us) if k.eager_us and k.kernel_us else 0:.2f}x |"
+                     for k in kernels)
+    layers = "\n".join(f"| `{s.layer_name}` | `{s.module_class}` | `{s.module_path}` | `{n}` |"
+                       for s, n in specs.values()) or "| (none) | | | |"
+    mapping = ", ".join(f'"{s.layer_name}": {{"{info.get("device", "cpu").split(":")[0]}": LocalLayerRepository('
+                        f'repo, layer_name="{s.layer_name}")}}' for s, _ in specs.values())
+    e2e = (f"{info['eager_ms']:.3f} ms eager, {info['forge_ms']:.3f} ms with forge "
+           f"({info['eager_ms'] / info['forge_ms']:.2f}x)" if info.get("eager_ms") and info.get("forge_ms") else "-")
+    return f"""---
+license: apache-2.0
+tags:
+- kernels
+- forge
+---
+
+# {name}
+
+Kernels found by forge's search for `{info.get('model')}` (run `{info.get('run_id')}`, {info.get('dtype')},
+{info.get('mode')} mode), verified and timed on **{info.get('device_model')}**. The model end to end: {e2e}.
+
+| kernel | family | backend | inputs | eager us | kernel us | speedup |
+|---|---|---|---|---|---|---|
+{rows}
+
+Times are medians of forge's paired measurements (kernel and eager interleaved) on that device.
+
+## Layers
+
+| layer | replaces | in the exported model | kernel |
+|---|---|---|---|
+{layers}
+
+```python
+from pathlib import Path
+from kernels import LocalLayerRepository, Mode, kernelize, replace_kernel_forward_from_hub, use_kernel_mapping
+
+repo = Path("{name}")  # this folder
+# for each layer: replace_kernel_forward_from_hub(TheModuleClass, "TheLayerName") (or decorate the class with
+# use_kernel_forward_from_hub("TheLayerName")), then
+with use_kernel_mapping({{{mapping}}}):
+    model = kernelize(model, mode=Mode.INFERENCE, device="{info.get('device', 'cpu').split(':')[0]}")
+```
+
+Every other kernel is a function: `get_local_kernel(repo).{kernels[0].name if kernels else 'name'}(*inputs)`
+returns the region's outputs as a tuple (the kernel where the inputs are what it was verified for, the
+region's reference otherwise); `.op` is the torch op (a custom op with a fake implementation: opaque to
+torch.compile), `.reference` the region in ATen ops.
+
+## Layout
+
+`build/` holds {', '.join(f'`{v}`' for v in variants)}. CPU kernels are C shared libraries with forge's C entry
+point, built by forge with `-O3 -march=native` for the CPU above: they link neither Python nor torch and are
+called through ctypes, so the `cpu` variant is an arch variant only because it holds machine code; another
+CPU should re-verify them (`forge.load(..., verify=True)`). Triton kernels are in `torch-universal`. The sources
+are in `torch-ext/{pyname}/kernels/`, the reference of each region in `torch-ext/{pyname}/references/`.
+`python -m pytest tests` checks each kernel against its reference.
+"""

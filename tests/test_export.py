@@ -1,0 +1,167 @@
+"""forge export RUN --format hf-kernels DIR: a run's kernels as a Hugging Face kernel repository, loaded with the
+real `kernels` package in a fresh process, swapped into the example model with `kernelize`, and its own tests run.
+
+The run is made of real parts without a search (which picks its variant by timing, so its artifact may hold no
+kernel): recipe kernels built by the real compiler for the example's tasks, saved as an artifact by
+forge.runtime.artifact, recorded in a real SQLite store with the model file it came from.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import EXAMPLES, ROOT
+
+from forge.capture.export import capture
+from forge.capture.model_input import load_file
+from forge.cli import main
+from forge.evaluate.build import build
+from forge.kernel import TaskSpec
+from forge.policy.recipes import pointwise, rowreduce
+from forge.runtime import artifact
+from forge.runtime.dispatch import KernelArtifact
+from forge.store import Store
+from forge.tasks.cut import build_tasks
+
+pytest.importorskip("kernels")
+MODEL = EXAMPLES / "rmsnorm_swiglu.py"
+
+
+def _kernels(model, inputs):
+    """A built recipe kernel for every pointwise and row-reduction task of the model."""
+    arts = []
+    for t in build_tasks(capture(model, inputs).graph_module.graph):
+        for rec, knobs in ((rowreduce, rowreduce.RowKnobs()), (pointwise, pointwise.Knobs())):
+            try:
+                c = rec.candidate(rec.lower(TaskSpec.of(t)), knobs)
+            except pointwise.NotMine:
+                continue
+            b = build(c)
+            assert b.ok, b.log
+            arts.append(KernelArtifact(t.key, "cpu", b.path, c.entry, t.inputs, t.outputs, t.source, c.source))
+            break
+    return arts
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(db, run id): a run of the example whose artifact holds its recipe kernels."""
+    tmp = tmp_path_factory.mktemp("run")
+    torch.manual_seed(0)
+    loaded = load_file(MODEL, eval=True)
+    kernels = _kernels(loaded.model, loaded.inputs)
+    assert {k.key.split("-")[0] for k in kernels} >= {"mean", "silu", "add"}
+    store = Store(tmp / "forge.db")
+    rec = store.create_run(loaded.name, device="cpu", dtype="fp32", policy="recipes",
+                           config={"load": {"file": str(MODEL), "zoo": None, "sizes": {}}, "mode": "eval"})
+    folder = tmp / rec.id
+    artifact.save(folder, kernels, {"run_id": rec.id, "model": loaded.name, "device": "cpu", "dtype": "fp32",
+                                    "device_model": artifact.device_model("cpu"), "layout": "", "mode": "eval"})
+    store.update_run(rec.id, state="done", config={**rec.config, "artifact": str(folder)})
+    return tmp / "forge.db", rec.id
+
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    db, run_id = run
+    out = tmp_path_factory.mktemp("export") / "repo"
+    assert main(["export", run_id, str(out), "--format", "hf-kernels", "--db", str(db)]) == 0
+    return out
+
+
+def test_the_repository_has_the_kernel_builder_layout(exported):
+    (pkg,) = (exported / "torch-ext").iterdir()
+    assert {"__init__.py", "_runtime.py", "layers.py", "kernels.json"} <= {p.name for p in pkg.iterdir()}
+    assert sorted(p.suffix for p in (pkg / "kernels").iterdir()) == [".cpp"] * 3
+    universal, arch = sorted((exported / "build").iterdir(), key=lambda p: p.name == "torch-universal", reverse=True)
+    assert arch.name.startswith("torch") and arch.name.endswith("-cpu-x86_64-linux")
+    assert universal.name == "torch-universal"
+    for variant, backend in ((arch, "cpu"), (universal, "universal")):
+        meta = json.loads((variant / "metadata.json").read_text())
+        assert meta["backend"] == {"type": backend} and meta["name"] == pkg.name.replace("_", "-")
+        assert len(meta["digest"]["files"]) == len([f for f in variant.rglob("*") if f.is_file()]) - 1
+        assert len(list((variant / pkg.name / "kernels").glob("*.so"))) == 3
+    toml = (exported / "build.toml").read_text()
+    assert "[general]" in toml and 'backends = ["cpu"]' in toml and toml.count("[kernel.") == 3
+    card = (exported / "README.md").read_text()
+    assert "| `RMSNorm` |" in card and artifact.device_model("cpu") in card
+
+
+_FRESH = """
+import sys, torch
+from pathlib import Path
+from kernels import LocalLayerRepository, Mode, get_local_kernel, kernelize, replace_kernel_forward_from_hub
+from kernels import use_kernel_mapping
+sys.path.insert(0, sys.argv[2])
+from forge.capture.model_input import load_file
+
+repo = Path(sys.argv[1])
+k = get_local_kernel(repo)
+assert k.LAYERS == ["RMSNorm"], k.LAYERS
+torch.manual_seed(0)
+loaded = load_file(sys.argv[3], eval=True)
+model, (x,) = loaded.model, loaded.inputs
+with torch.no_grad():
+    want = model(x)
+cls = type(model.norm)
+replace_kernel_forward_from_hub(cls, "RMSNorm")
+with use_kernel_mapping({"RMSNorm": {"cpu": LocalLayerRepository(repo, layer_name="RMSNorm")}}):
+    model = kernelize(model, mode=Mode.INFERENCE, device="cpu")
+assert "forward" in vars(model.norm), "kernelize did not swap the RMSNorm"
+calls = []
+op = k.mean_edb7a1b21195.op
+k.mean_edb7a1b21195.op = lambda *a: calls.append(1) or op(*a)
+with torch.no_grad():
+    got = model(x)
+    compiled = torch.compile(model, fullgraph=True)(x)
+torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+torch.testing.assert_close(compiled, want, rtol=1e-4, atol=1e-4)
+assert calls, "the kernel did not run"
+with torch.no_grad():  # a shape the kernel was not verified for: the module's own forward
+    y = torch.randn(2, 8, 512)
+    torch.testing.assert_close(model.norm(y), cls.forward(model.norm, y))
+(out,) = k.silu_ac684d970e79(torch.randn(1024, 1376), torch.randn(1024, 1376))
+print("ok", len(calls))
+"""
+
+
+def test_a_fresh_process_loads_it_with_kernels_and_kernelize_swaps_the_rmsnorm(exported):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the export needs torch and kernels only
+    res = subprocess.run([sys.executable, "-c", _FRESH, str(exported), str(ROOT), str(MODEL)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith("ok")
+
+
+def test_the_exports_own_tests_pass(exported):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=exported,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "3 passed" in res.stdout
+
+
+def test_a_changed_library_is_refused_by_the_kernels_package(exported, tmp_path):
+    import shutil
+
+    copy = tmp_path / "repo"
+    shutil.copytree(exported, copy)
+    libs = list((copy / "build").glob("*/*/kernels/mean_*.so"))
+    assert len(libs) == 2  # the arch variant's and the universal one's
+    for lib in libs:
+        lib.write_bytes(lib.read_bytes() + b"\0")
+    res = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from kernels import "
+                          "get_local_kernel; get_local_kernel(Path(sys.argv[1]))", str(copy)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "digest" in res.stderr
+
+
+def test_bad_input_is_one_line_and_exit_2(run, exported, tmp_path, capsys):
+    db, run_id = run
+    assert main(["export", run_id, str(exported), "--db", str(db)]) == 2  # not empty
+    assert main(["export", "nope", str(tmp_path / "x"), "--db", str(db)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(e.startswith("forge: error:") for e in err)

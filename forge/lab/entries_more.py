@@ -70,12 +70,12 @@ _QUANT = [
 
 def _kernel(rows: list[list[float]]) -> torch.Tensor:
     """A 3x3 (or kxk) filter applied to each channel alone: (3, 1, k, k)."""
-    k = torch.tensor(rows)
+    k = torch.tensor(rows, dtype=torch.float32)
     return k.expand(3, 1, *k.shape).contiguous()
 
 
 def _depthwise(x: torch.Tensor, k: list[list[float]]) -> torch.Tensor:
-    w = _kernel(k)
+    w = _kernel(k).to(x.dtype)  # float64 too: the vendor path's reference
     return F.conv2d(x, w, padding=w.shape[-1] // 2, groups=3)
 
 
@@ -98,13 +98,14 @@ _CONV = [
     Entry("adaptive-avg-pool", "convolution/pooling", "adaptive average pooling to 16x16",
           _u(lambda x: F.adaptive_avg_pool2d(x, 16)), "image"),
     Entry("grayscale-conv", "convolution/pooling", "1x1 convolution: RGB to luma",
-          _u(lambda x: F.conv2d(x, torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1))), "image"),
+          _u(lambda x: F.conv2d(x, torch.tensor([0.299, 0.587, 0.114], dtype=x.dtype).view(1, 3, 1, 1))),
+          "image"),
 ]
 
 _MATMUL = [
     Entry("matmul", "matmul", "A @ B", _b(torch.matmul), "matrix"),
-    Entry("addmm", "matmul", "A @ B + 1 (addmm)", _b(lambda a, b: torch.addmm(torch.ones(b.shape[1]), a, b)),
-          "matrix"),
+    Entry("addmm", "matmul", "A @ B + 1 (addmm)",
+          _b(lambda a, b: torch.addmm(torch.ones(b.shape[1], dtype=a.dtype), a, b)), "matrix"),
     Entry("gram", "matmul", "A @ A^T (Gram matrix)", _b(lambda a, b: a @ a.T), "matrix"),
     Entry("matvec", "matmul", "A @ (first column of B)", _b(lambda a, b: (a @ b[:, :1].contiguous())), "matrix"),
     Entry("bmm", "matmul", "batched: [A, 2A] @ B", _b(lambda a, b: torch.bmm(torch.stack([a, 2 * a]),
@@ -148,10 +149,12 @@ _RESIZE = [
     Entry("rotate", "resize/sampling", "rotate by an angle (grid_sample)",
           lambda x, p=20.0: F.grid_sample(x, F.affine_grid(torch.tensor([[
               [math.cos(math.radians(p)), -math.sin(math.radians(p)), 0.0],
-              [math.sin(math.radians(p)), math.cos(math.radians(p)), 0.0]]]), list(x.shape), align_corners=False),
+              [math.sin(math.radians(p)), math.cos(math.radians(p)), 0.0]]], dtype=x.dtype), list(x.shape),
+              align_corners=False),
               align_corners=False), "image", Param("degrees", 20.0, -180.0, 180.0)),
     Entry("zoom", "resize/sampling", "zoom in x1.5 (affine grid)",
-          _u(lambda x: F.grid_sample(x, F.affine_grid(torch.tensor([[[0.66, 0.0, 0.0], [0.0, 0.66, 0.0]]]),
+          _u(lambda x: F.grid_sample(x, F.affine_grid(torch.tensor([[[0.66, 0.0, 0.0], [0.0, 0.66, 0.0]]],
+                                                                   dtype=x.dtype),
                                                       list(x.shape), align_corners=False), align_corners=False)),
           "image"),
 ]

@@ -332,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     from forge.review.commands import register  # runs, tree, show, report, ui
 
     register(sub, DB_HELP, WHERE)
+    from forge.lab.commands import register as register_lab
+
+    register_lab(sub, DB_HELP)
     for p in sub.choices.values():  # the global options after the subcommand too; each command's defaults shown
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log progress")
         p.formatter_class = _Help

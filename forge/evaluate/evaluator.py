@@ -12,11 +12,13 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from forge.bench import DEFAULT_BENCH, BenchConfig
 from forge.evaluate.build import BuildPool, BuildResult
 from forge.evaluate.checks import check
 from forge.evaluate.elfcheck import check_library
+from forge.evaluate.live import call_once
 from forge.evaluate.parent import Worker
 from forge.evaluate.steps import EvalRequest
 from forge.kernel import Candidate, EvalResult, NoKernel, Status, TaskSpec
@@ -97,6 +99,20 @@ class Evaluator:
         seed = seed if seed is not None else self.seed if self.seed is not None else secrets.randbits(40)
         req = EvalRequest(task, cand.backend, built.path, cand.entry, seed, bench, retime=True)
         return _with_build(self.worker.request(req, self.timeout_s), built)
+
+    def call(self, task: TaskSpec, cand: Candidate, inputs: list[Any]) -> tuple[Any, ...] | EvalResult:
+        """The outputs of one call of a candidate (built, cached) on these inputs, in the worker; no verdict:
+        forge lab runs a verified kernel on a person's own inputs so. A failure is an EvalResult."""
+        problems = check(cand)
+        if problems:
+            return EvalResult(problems[0][0], "; ".join(m for _, m in problems), device=self.device)
+        built = self.builds.submit(cand).result()
+        if not built.ok:
+            return EvalResult(Status.BUILD_ERROR, _first_error(built.log), build_log=built.log, device=self.device)
+        found = check_library(built.path, cand.backend)
+        if found:
+            return EvalResult(found[0][0], "; ".join(m for _, m in found)[:2000], device=self.device)
+        return call_once(self.worker, task, cand.backend, built.path, cand.entry, inputs, self.timeout_s)
 
     def close(self) -> None:
         """Stop the worker and the build threads."""

@@ -4,7 +4,8 @@
 verification (which sets passed, and the error values to 9 significant digits: the inputs come from a fixed
 seed; eager's own error moves in its last bits with the judge's thread count, which Ray sets to an actor's
 CPUs). Timings differ from run to run, and an MCTS steers by them, so these runs verify without timing
-(bench=None): every candidate gets the same reward and the trees grow alike whatever the number of workers. The worker processes, compilers and SQLite are real.
+(bench=None): every candidate gets the same reward and the trees grow alike whatever the number of workers.
+The worker processes, compilers, the Ray cluster and SQLite are real.
 """
 
 import os

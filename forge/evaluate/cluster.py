@@ -32,13 +32,20 @@ from forge.bench import DEFAULT_BENCH, BenchConfig
 from forge.errors import UserError
 from forge.evaluate.build import BuildResult, build, file_sha256
 from forge.evaluate.devices import device_arch, device_model
-from forge.evaluate.evaluator import BaseEvaluator, default_memory, judge_built
+from forge.evaluate.evaluator import BaseEvaluator, Evaluator, default_memory, judge_built
 from forge.evaluate.parent import Worker
-from forge.evaluate.pool import Lost, Slots
+from forge.evaluate.pool import Lost, Scale, Slots
 from forge.kernel import Candidate, EvalResult, Status, TaskSpec
 
 log = logging.getLogger(__name__)
 START_S = 300.0  # for the actors to start (a cluster that has not the resources never does)
+
+
+def evaluator_for(device: str, scale: Scale, **kw: Any) -> BaseEvaluator:
+    """The evaluator `scale` asks for: a RayEvaluator on its cluster, else an Evaluator with its workers."""
+    if scale.ray:
+        return RayEvaluator(scale.ray, device, workers=scale.workers if scale.workers > 1 else None, **kw)
+    return Evaluator(device, workers=scale.workers, **kw)
 
 
 @dataclass(frozen=True)
@@ -118,16 +125,20 @@ class RayEvaluator(BaseEvaluator):
     def __init__(self, address: str | None, device: str = "cpu", *, workers: int | None = None,
                  timeout_s: float = 120.0, bench: BenchConfig | None = DEFAULT_BENCH, seed: int | None = None,
                  cache_dir: Path | None = None) -> None:
-        """`address`: the cluster's ("auto": the one this host is part of; None: the one this process is
-        connected to, else a new local one). `workers`: actors on the CPU (default: half the cluster's CPUs);
+        """`address`: the cluster's ("auto": the one this host is part of; "local": a new one of this host's;
+        None: the one this process is connected to, else a new local one). `workers`: actors on the CPU (default: half the cluster's CPUs);
         on CUDA one per GPU of the cluster."""
         try:
             import ray
         except ImportError:
             raise UserError("--ray needs Ray: pip install 'forge-kernels[ray]'") from None
         self._own = not ray.is_initialized()
-        if self._own:
-            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+        if self._own:  # "local": a cluster of this host's own, started here
+            try:
+                ray.init(address=None if address == "local" else address, include_dashboard=False,
+                         logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise UserError(f"cannot reach the Ray cluster at {address}: {str(e).splitlines()[0]}") from None
         self.seed, self.bench, self.timeout_s, self.cache_dir = seed, bench, timeout_s, cache_dir
         cuda = device.startswith("cuda")
         self.device = "cuda:0" if cuda else "cpu"  # in each actor: Ray pins it to its own GPU
@@ -135,6 +146,9 @@ class RayEvaluator(BaseEvaluator):
         n = int(resources.get("GPU", 0)) if cuda else (workers or max(1, int(resources.get("CPU", 1)) // 2))
         if n < 1:
             raise UserError(f"the Ray cluster at {address or 'this process'} has no GPU")
+        if not cuda and n >= resources.get("CPU", 1):  # a CPU actor holds one: the builds need some left
+            raise UserError(f"Invalid --workers: {n} (the Ray cluster has {resources.get('CPU', 1):.0f} CPUs; "
+                            "leave at least one for the builds)")
         _, actor = _remote()
         opts = {"num_gpus": 1, "num_cpus": 0} if cuda else {"num_cpus": 1}
         actors = [actor.options(max_restarts=-1, **opts).remote(self.device, timeout_s) for _ in range(n)]

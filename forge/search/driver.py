@@ -28,7 +28,7 @@ from typing import Any
 
 from forge.confidence import noisy, speedup_ci
 from forge.evaluate.build import build
-from forge.evaluate.evaluator import Evaluator
+from forge.evaluate.evaluator import BaseEvaluator as Evaluator  # local workers or a Ray cluster
 from forge.kernel import Candidate, EvalResult, Feedback, TaskSpec
 from forge.policy.base import Policy
 from forge.progress import Progress

@@ -319,9 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(cuda:0..N-1; default 1: the --device)")
     p.add_argument("--workers", type=int, metavar="N", help="CPU evaluation workers (--device cpu; with --ray: "
                    "Ray actors; default 1, with --ray half the cluster's CPUs)")
-    p.add_argument("--ray", metavar="ADDRESS", help="judge on a Ray cluster (auto: the one this host is part of; local: one "
-                   "started here): "
-                   "builds as Ray tasks, one actor per GPU of the cluster (pip install 'forge-kernels[ray]')")
+    p.add_argument("--ray", metavar="ADDRESS", help="judge on a Ray cluster (auto: the one this host is part "
+                   "of; local: one started here): builds as Ray tasks, one actor per GPU of the cluster (pip install "
+                   "'forge-kernels[ray]')")
     p.set_defaults(func=cmd_optimize)
 
     from forge.review.commands import register  # runs, tree, show, report, ui

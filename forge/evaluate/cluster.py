@@ -126,8 +126,8 @@ class RayEvaluator(BaseEvaluator):
                  timeout_s: float = 120.0, bench: BenchConfig | None = DEFAULT_BENCH, seed: int | None = None,
                  cache_dir: Path | None = None) -> None:
         """`address`: the cluster's ("auto": the one this host is part of; "local": a new one of this host's;
-        None: the one this process is connected to, else a new local one). `workers`: actors on the CPU (default: half the cluster's CPUs);
-        on CUDA one per GPU of the cluster."""
+        None: the one this process is connected to, else a new local one). `workers`: actors on the CPU
+        (default: half the cluster's CPUs); on CUDA one per GPU of the cluster."""
         try:
             import ray
         except ImportError:

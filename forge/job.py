@@ -178,7 +178,7 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     (forge.capture.blocks, forge.runtime.blockwise; the model's own layout), where the model has such blocks.
     `progress` hears the run's stages and the search's events (forge.progress; the library never prints).
     `scale`: where candidates are judged (forge.evaluate.pool.Scale: workers per GPU, CPU workers, a Ray cluster;
-    default one worker on the model's device); the search selects at least as many candidates a batch.
+    default one worker on the model's device): the probe runs several tasks at once, and later batches fill them.
     """
     with state_kept(loaded.model):  # forge's own forwards in training mode leave the running statistics as given
         return _job(loaded, store, policy, budget, runs_dir, progress, resume, load, profile_out, inductor,
@@ -205,8 +205,7 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
     try:
         floor = _floor(loaded, cap, shown) if inductor else ([], 0.0)  # before the workers: nothing else runs
         with evaluator_for(loaded.device, scale) as ev:
-            searching = replace(budget, parallel=max(budget.parallel, ev.parallel),
-                                seconds=max(5.0, budget.seconds * _SEARCH_SHARE - (time.monotonic() - start)))
+            searching = replace(budget, seconds=max(5.0, budget.seconds * _SEARCH_SHARE - (time.monotonic() - start)))
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, shown,
                               resume=bool(resume))
             tuned_on = ev.device_model

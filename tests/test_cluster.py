@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from conftest import MODELS
@@ -129,3 +130,35 @@ def test_killing_a_ray_actor_mid_run_loses_no_evaluated_candidate(ray_cluster, t
         assert ev.slots.lost >= 1, f"no kill of {kills} hit a candidate in flight"
         assert kills[-1] not in ev.pids()  # Ray started the killed actor again
     assert stored(store, rid) == single  # every candidate evaluated, none a crash of the lost actor
+
+
+def probes(store, run_id, n: int) -> dict[str, list[tuple]]:
+    """Each task's first `n` evaluated candidates (its probe), in the order they were stored, with their times."""
+    out = {}
+    for t in store.get_tasks(run_id):
+        rows = sorted((e.id, e.created_at, c.source, e.status) for c in store.candidates(t.id) if c.parent_id
+                      for e in store.evaluations(c.id)[:1])
+        if rows:
+            out[t.key] = rows[:n]
+    return out
+
+
+@pytest.mark.slow
+def test_tasks_are_probed_at_once_when_the_workers_outnumber_a_batch(tasks, tmp_path):
+    budget = replace(BUDGET, parallel=2, min_per_task=6)  # 4 workers, batches of 2: two tasks probed at once
+    found = {}
+    for workers in (1, 4):
+        store = Store(tmp_path / f"{workers}.db")
+        with Evaluator("cpu", workers=workers, bench=None, seed=0, cache_dir=tmp_path / "cache") as ev:
+            for w in ev.workers:  # started before: the probes' overlap is not a race between worker starts
+                w.start()
+            r = store.create_run("two_tasks", device="cpu", dtype="float32", policy="recipes")
+            search(tasks, RecipePolicy("cpu"), ev, StoreRecorder(store, r.id), budget)
+        found[workers] = probes(store, r.id, budget.min_per_task)
+    one, four = found[1], found[4]
+    same = {k: [x[2:] for x in v] for k, v in one.items()}
+    assert len(one) == 2 and same == {k: [x[2:] for x in v] for k, v in four.items()}  # sources and statuses
+    (_, a1), (b0, _) = sorted((v[0][1], v[-1][1]) for v in four.values())
+    assert b0 < a1, "the second task's probe started only after the first's ended"
+    (_, a1), (b0, _) = sorted((v[0][1], v[-1][1]) for v in one.values())
+    assert a1 <= b0  # one worker: one task after the other

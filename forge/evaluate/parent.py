@@ -110,6 +110,12 @@ class Worker:
         """The worker's stdout/stderr."""
         return Path(self._dir.name) / "worker.log"
 
+    def start(self) -> None:
+        """Start the worker process now (else its first step does); RuntimeError when it cannot start."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._stop()
+            self._start()
+
     def _start(self) -> None:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()

@@ -162,3 +162,31 @@ def test_tasks_are_probed_at_once_when_the_workers_outnumber_a_batch(tasks, tmp_
     assert b0 < a1, "the second task's probe started only after the first's ended"
     (_, a1), (b0, _) = sorted((v[0][1], v[-1][1]) for v in one.values())
     assert a1 <= b0  # one worker: one task after the other
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--gpus", "2"], "--gpus needs --device cuda"),
+    (["--device", "cuda", "--gpus", "many"], "Invalid --gpus: 'many'"),
+    (["--device", "cuda", "--gpus", "0"], "Invalid --gpus: '0'"),
+    (["--workers", "0"], "Invalid --workers: 0"),
+    (["--device", "cuda", "--workers", "2"], "Invalid --workers: 2"),
+])
+def test_bad_worker_options_are_one_line_and_exit_2(argv, says, capsys, tmp_path):
+    from forge.cli import main
+
+    assert main(["optimize", str(MODELS / "two_tasks.py"), "--db", str(tmp_path / "f.db"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"forge: error: {says}") and "\n" not in err, err
+
+
+@pytest.mark.slow
+def test_forge_optimize_with_two_cpu_workers(tmp_path, monkeypatch):
+    import json
+
+    from forge.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["optimize", str(MODELS / "two_tasks.py"), "--workers", "2", "--budget", "6", "--seconds", "120",
+                 "--no-inductor", "--db", str(tmp_path / "f.db"), "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["outputs_match"] is True and sum(t["candidates"] for t in report["tasks"]) > 0

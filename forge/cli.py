@@ -17,6 +17,7 @@ from forge.backends import BACKENDS, NAMES
 from forge.errors import Interrupted, UserError
 
 if TYPE_CHECKING:
+    from forge.evaluate.pool import Scale
     from forge.policy.base import Policy
     from forge.store import Store
 
@@ -193,6 +194,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                 raise UserError(f"run {run.id} does not say how its model was loaded: give the model ({run.model})")
         args.device, args.dtype, args.policy = run.device, run.dtype, run.policy
         args.eval = run.config.get("mode", "eval") == "eval"  # the run's mode (runs stored before it was: eval)
+    scale = _scale(args)
     loaded = load_model(args)
     pol = _policy(args, store, loaded.device)
     budget = Budget(candidates=args.budget, seconds=args.seconds, per_task=max(4, min(args.budget, 16)))
@@ -201,7 +203,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     with terminal.RunProgress(terminal.console(stderr=True)) as shown:  # live on a terminal, lines when piped
         report = optimize(loaded, store, policy=pol, budget=budget, progress=shown, resume=args.resume, load=load,
                           inductor=args.inductor, layout=layout.requested(args.layout), blocks=_blocks(args),
-                          runs_dir=args.out)
+                          runs_dir=args.out, scale=scale)
     print_optimize(report)
     out = terminal.console()  # folds at a terminal's width; piped, one line each
     out.print(Text(f"run {report.run_id} stored in {store.where}"), overflow="fold")
@@ -234,6 +236,25 @@ def cmd_export(args: argparse.Namespace) -> int:
     terminal.console().print(f"exported {len(res.kernels)} kernels of run {run.id} to {res.folder} "
                              f"({', '.join(res.variants)}); layers: {', '.join(res.layers) or 'none'}")
     return 0
+
+
+def _scale(args: argparse.Namespace) -> Scale:
+    """Where candidates are judged (--gpus, --workers, --ray), checked before the model loads."""
+    from forge.evaluate.pool import Scale
+
+    cuda = args.device.startswith("cuda")
+    if args.workers is not None and (args.workers < 1 or cuda):
+        raise UserError(f"Invalid --workers: {args.workers} (CPU workers, at least 1; on CUDA: --gpus)")
+    if args.gpus is not None and (not cuda or args.ray):
+        raise UserError("--gpus needs --device cuda, and no --ray (on a cluster every GPU judges)")
+    if args.gpus is None:
+        return Scale(args.workers or 1, args.ray)
+    import torch
+
+    try:
+        return Scale(Scale.parse_gpus(args.gpus, torch.cuda.device_count()))
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def resume_command(args: argparse.Namespace, run_id: str) -> str:
@@ -319,6 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help=OUT_HELP)
     p.add_argument("--resume", metavar="RUN", help="continue a stopped or killed run (its id) with its own "
                    "model, device, budget and stored candidates; none is evaluated again")
+    p.add_argument("--gpus", metavar="N|all", help="evaluation workers on this host's GPUs, one per GPU "
+                   "(cuda:0..N-1; default 1: the --device)")
+    p.add_argument("--workers", type=int, metavar="N", help="CPU evaluation workers (--device cpu; with --ray: "
+                   "Ray actors; default 1, with --ray half the cluster's CPUs)")
+    p.add_argument("--ray", metavar="ADDRESS", help="judge on a Ray cluster (auto: the one this host is part "
+                   "of; local: one started here): builds as Ray tasks, one actor per GPU of the cluster (pip install "
+                   "'forge-kernels[ray]')")
     p.set_defaults(func=cmd_optimize)
 
     p = sub.add_parser("export", help="write a run's kernels as a Hugging Face kernel repository")

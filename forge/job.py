@@ -14,7 +14,8 @@ from forge.capture.export import Capture
 from forge.capture.model_input import LoadedModel, state_kept
 from forge.capture.profile import Profile, profile_blockwise, profile_model
 from forge.errors import Interrupted, UserError
-from forge.evaluate.evaluator import Evaluator
+from forge.evaluate.cluster import evaluator_for
+from forge.evaluate.pool import Scale
 from forge.policy.base import Policy
 from forge.policy.recipes.policy import RecipePolicy
 from forge.progress import Progress
@@ -165,7 +166,8 @@ def _check_same_model(run: RunRecord, loaded: LoadedModel, keys: set[str], tasks
 def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recipes", budget: Budget | None = None,
              runs_dir: str | Path | None = None, progress: Progress | None = None, resume: str | None = None,
              load: dict[str, Any] | None = None, profile_out: str | Path | None = None,
-             inductor: bool = True, layout: str | None = None, blocks: bool = False) -> OptimizeReport:
+             inductor: bool = True, layout: str | None = None, blocks: bool = False,
+             scale: Scale | None = None) -> OptimizeReport:
     """The whole job; every candidate and evaluation is stored as it happens.
 
     `resume` continues a stopped or killed run (its id) with its stored budget, trees and decisions; no
@@ -178,15 +180,17 @@ def optimize(loaded: LoadedModel, store: Store, *, policy: str | Policy = "recip
     `blocks`: capture each kind of repeated block once and dispatch the kernels block by block
     (forge.capture.blocks, forge.runtime.blockwise; the model's own layout), where the model has such blocks.
     `progress` hears the run's stages and the search's events (forge.progress; the library never prints).
+    `scale`: where candidates are judged (forge.evaluate.pool.Scale: workers per GPU, CPU workers, a Ray cluster;
+    default one worker on the model's device): the probe runs several tasks at once, and later batches fill them.
     """
     with state_kept(loaded.model):  # forge's own forwards in training mode leave the running statistics as given
         return _job(loaded, store, policy, budget, runs_dir, progress, resume, load, profile_out, inductor,
-                    layout, blocks)
+                    layout, blocks, scale or Scale())
 
 
 def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget | None, runs_dir: str | Path | None,
          progress: Progress | None, resume: str | None, load: dict[str, Any] | None, profile_out: str | Path | None,
-         inductor: bool, layout: str | None, blocks: bool) -> OptimizeReport:
+         inductor: bool, layout: str | None, blocks: bool, scale: Scale) -> OptimizeReport:
     """forge.job.optimize's steps (its docstring), the model's buffers restored after by the caller."""
     start = time.monotonic()
     shown = progress or Progress()
@@ -203,14 +207,16 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
     pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
         floor = _floor(loaded, cap, shown) if inductor else None  # before the workers: nothing else runs
-        with Evaluator(loaded.device) as ev:
+        with evaluator_for(loaded.device, scale) as ev:
             searching = replace(budget, seconds=_search_seconds(budget.seconds, time.monotonic() - start, floor))
             log.info("the search starts at %.1f s of the run, for %.1f s", time.monotonic() - start, searching.seconds)
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, shown,
                               resume=bool(resume))
+            tuned_on = ev.device_model
         log.info("the search ended at %.1f s of the run", time.monotonic() - start)
         shown.stage("variants")
-        report = _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, folder, inductor, floor)
+        report = _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, folder, inductor, floor,
+                         tuned_on)
         shown.stage("done")
         return report
     except KeyboardInterrupt as e:  # in the search or the final timing: every candidate so far is stored
@@ -267,7 +273,7 @@ def _floor(loaded: LoadedModel, cap: Capture | None, shown: Progress) -> Ahead |
 
 def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof: Profile, cap: Capture | None,
             outcomes: tuple[TaskOutcome, ...], budget: Budget, start: float, folder: Path,
-            inductor: bool, floor: Ahead | None) -> OptimizeReport:
+            inductor: bool, floor: Ahead | None, tuned_on: str) -> OptimizeReport:
     """The searched kernels' variants measured end to end, the fastest saved as the run's artifact (eager's
     when none beats it), the run finished in the store, and the report."""
     by_key = {t.key: t for t in prof.tasks}
@@ -276,7 +282,7 @@ def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof
                for o in outcomes if o.best is not None and o.library]
     layout = cap.layout if cap else ""
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
-            "device_model": artifact.device_model(loaded.device), "dtype": loaded.dtype, "layout": layout,
+            "device_model": tuned_on, "dtype": loaded.dtype, "layout": layout,
             "mode": loaded.mode}
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
     finish = start + budget.seconds * _COMPILE_END if budget.seconds else None

@@ -99,6 +99,7 @@ class _Replay(Policy):
     name = "replay"
     arch = None
     cache_dir = None
+    parallel = 1  # the evaluator interface: one candidate judged at a time
 
     def __init__(self) -> None:
         self.n = 0

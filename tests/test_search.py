@@ -37,6 +37,7 @@ class Synthetic(Policy):
     name = "synthetic"
     arch = None
     cache_dir = None  # winners are built where the evaluator builds (None: the default cache)
+    parallel = 1  # the evaluator interface: one candidate judged at a time
 
     def __init__(self, tasks: dict[str, tuple[float, float, float]]) -> None:
         self.tasks = tasks

@@ -1,73 +1,85 @@
-"""Evaluation of candidates: static checks -> build (parallel, cached) -> verify and bench in a worker.
+"""Evaluation of candidates: static checks -> build (parallel, cached) -> verify and bench in workers.
 
-`Evaluator.evaluate_many` builds a batch on all CPU cores at once while the device worker verifies and
-times the ones already built, one at a time. Every failure is an EvalResult with its status.
+`Evaluator.evaluate_many` builds a batch on all CPU cores at once while the device workers (one per GPU with
+`workers=N` on CUDA, N CPU workers on the CPU; forge.evaluate.pool) verify and time the ones already built,
+each worker one candidate at a time. forge.evaluate.cluster's RayEvaluator is the same on a Ray cluster.
+Every failure is an EvalResult with its status.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import os
 import secrets
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from forge.bench import DEFAULT_BENCH, BenchConfig
+from forge.errors import UserError
 from forge.evaluate.build import BuildPool, BuildResult
 from forge.evaluate.checks import check
+from forge.evaluate.devices import device_arch, device_model
 from forge.evaluate.elfcheck import check_library
 from forge.evaluate.live import call_once
 from forge.evaluate.parent import Worker
+from forge.evaluate.pool import Slots, devices_for
 from forge.evaluate.steps import EvalRequest
 from forge.kernel import Candidate, EvalResult, NoKernel, Status, TaskSpec
 
 log = logging.getLogger(__name__)
 
 
-def device_arch(device: str) -> str | None:
-    """The nvcc architecture of a CUDA device ("sm_90"), asked of torch in this process (no context)."""
-    if not device.startswith("cuda"):
+def default_memory(device: str) -> int | None:
+    """A CPU worker's address-space limit: half the machine's memory, at least 4 GiB; none on CUDA."""
+    if device != "cpu":
         return None
-    import torch
-
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}"
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(4 << 30, pages // 2)
 
 
-class Evaluator:
-    """Judges candidates for tasks on one device."""
+def judge_built(worker: Worker, task: TaskSpec, cand: Candidate, built: BuildResult, seed: int,
+                bench: BenchConfig | None, timeout_s: float, retime: bool = False) -> EvalResult:
+    """One built candidate verified and timed (or only timed again, `retime`) in `worker`; a result always."""
+    device = worker.device
+    if not built.ok:
+        return EvalResult(Status.BUILD_ERROR, first_error(built.log), build_log=built.log,
+                          build_s=built.seconds, device=device)
+    found = check_library(built.path, cand.backend)  # on the binary: what the source text could hide
+    if found:
+        return EvalResult(found[0][0], "; ".join(m for _, m in found)[:2000], build_log=built.log,
+                          build_s=built.seconds, device=device)
+    req = EvalRequest(task, cand.backend, built.path, cand.entry, seed, bench,
+                      floor_factor=0.8 if device.startswith("cuda") else 0.25, retime=retime)
+    return _with_build(worker.request(req, timeout_s), built)
 
-    def __init__(self, device: str = "cpu", *, cache_dir: Path | None = None, build_workers: int | None = None,
-                 timeout_s: float = 120.0, bench: BenchConfig | None = DEFAULT_BENCH,
-                 memory_bytes: int | None = None, arch: str | None = None, seed: int | None = None) -> None:
-        """`seed`: the verification inputs' seed for every evaluation that names none (reproducible runs, as
-        tests need); by default a secret random one per evaluation."""
-        self.device = device
-        self.seed = seed
-        self.timeout_s = timeout_s
-        self.bench = bench
-        self.arch = arch or device_arch(device)
-        self.cache_dir = cache_dir  # of builds (None: forge.evaluate.build.default_cache_dir); winners go there too
-        self.builds = BuildPool(build_workers, self.arch, cache_dir)
-        if memory_bytes is None and device == "cpu":
-            pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-            memory_bytes = max(4 << 30, pages // 2)
-        self.worker = Worker(device, memory_bytes if device == "cpu" else None)
 
-    def _judge(self, task: TaskSpec, cand: Candidate, built: BuildResult, seed: int) -> EvalResult:
-        if not built.ok:
-            return EvalResult(Status.BUILD_ERROR, _first_error(built.log), build_log=built.log,
-                              build_s=built.seconds, device=self.device)
-        found = check_library(built.path, cand.backend)  # on the binary: what the source text could hide
-        if found:
-            return EvalResult(found[0][0], "; ".join(m for _, m in found)[:2000], build_log=built.log,
-                              build_s=built.seconds, device=self.device)
-        req = EvalRequest(task, cand.backend, built.path, cand.entry, seed, self.bench,
-                          floor_factor=0.8 if self.device.startswith("cuda") else 0.25)
-        res = self.worker.request(req, self.timeout_s)
-        return _with_build(res, built)
+class BaseEvaluator(ABC):
+    """Judges candidates of tasks; `submit` says where (this host's workers, or a Ray cluster's actors)."""
+
+    device: str  # where results are judged ("cpu", "cuda:0")
+    device_model: str  # what they are tuned on (forge.evaluate.devices.device_model)
+    arch: str | None  # what native candidates are built for
+    cache_dir: Path | None  # of builds on this host (winners are built there)
+    seed: int | None
+    bench: BenchConfig | None
+
+    @property
+    @abstractmethod
+    def parallel(self) -> int:
+        """Candidates it judges at once: the search selects at least this many a batch."""
+
+    @abstractmethod
+    def submit(self, task: TaskSpec, cand: Candidate, seed: int, bench: BenchConfig | None,
+               retime: bool = False) -> cf.Future[EvalResult]:
+        """Build `cand` and judge it (verify and time, or only time again) on the next free worker."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop the workers and the builds."""
 
     def evaluate(self, task: TaskSpec, cand: Candidate, seed: int | None = None) -> EvalResult:
         """One candidate through checks, build, verification and timing."""
@@ -75,58 +87,111 @@ class Evaluator:
 
     def evaluate_many(self, task: TaskSpec, cands: list[Candidate], seed: int | None = None
                       ) -> Iterator[EvalResult]:
-        """Results in the order of `cands`; builds run in parallel ahead of the worker. `seed`: of the
-        verification inputs (the i-th candidate gets seed + i; default: the evaluator's); without either, a
-        secret random one per evaluation, so that a candidate cannot recognise the inputs it is judged on."""
+        """Results in the order of `cands`; builds run in parallel ahead of the workers, which judge as many at
+        once as there are. `seed`: of the verification inputs (the i-th candidate gets seed + i; default: the
+        evaluator's); without either, a secret random one per evaluation, so that a candidate cannot recognise
+        the inputs it is judged on."""
         seed = self.seed if seed is None else seed
-        futures = []
-        for c in cands:
+        pending: list[EvalResult | cf.Future[EvalResult]] = []
+        for i, c in enumerate(cands):
             problems = [(c.status, c.reason)] if isinstance(c, NoKernel) else check(c)
-            futures.append(problems if problems else self.builds.submit(c))
-        for i, (c, f) in enumerate(zip(cands, futures, strict=True)):
-            if isinstance(f, list):
-                status, _ = f[0]
-                yield EvalResult(status, "; ".join(m for _, m in f), device=self.device)
+            if problems:
+                pending.append(EvalResult(problems[0][0], "; ".join(m for _, m in problems), device=self.device))
                 continue
-            yield self._judge(task, c, f.result(), secrets.randbits(40) if seed is None else seed + i)
+            pending.append(self.submit(task, c, secrets.randbits(40) if seed is None else seed + i, self.bench))
+        for p in pending:
+            yield p if isinstance(p, EvalResult) else p.result()
 
     def retime(self, task: TaskSpec, cand: Candidate, bench: BenchConfig, seed: int | None = None) -> EvalResult:
         """Time an evaluated candidate again against eager with `bench` (its build is cached): no verification
         but of the calls kept while timing; a failure is a result, as in `evaluate`."""
-        built = self.builds.submit(cand).result()
-        if not built.ok:
-            return EvalResult(Status.BUILD_ERROR, _first_error(built.log), build_log=built.log, device=self.device)
         seed = seed if seed is not None else self.seed if self.seed is not None else secrets.randbits(40)
-        req = EvalRequest(task, cand.backend, built.path, cand.entry, seed, bench, retime=True)
-        return _with_build(self.worker.request(req, self.timeout_s), built)
+        return self.submit(task, cand, seed, bench, retime=True).result()
 
-    def call(self, task: TaskSpec, cand: Candidate, inputs: list[Any]) -> tuple[Any, ...] | EvalResult:
-        """The outputs of one call of a candidate (built, cached) on these inputs, in the worker; no verdict:
-        forge lab runs a verified kernel on a person's own inputs so. A failure is an EvalResult."""
-        problems = check(cand)
-        if problems:
-            return EvalResult(problems[0][0], "; ".join(m for _, m in problems), device=self.device)
-        built = self.builds.submit(cand).result()
-        if not built.ok:
-            return EvalResult(Status.BUILD_ERROR, _first_error(built.log), build_log=built.log, device=self.device)
-        found = check_library(built.path, cand.backend)
-        if found:
-            return EvalResult(found[0][0], "; ".join(m for _, m in found)[:2000], device=self.device)
-        return call_once(self.worker, task, cand.backend, built.path, cand.entry, inputs, self.timeout_s)
-
-    def close(self) -> None:
-        """Stop the worker and the build threads."""
-        self.worker.close()
-        self.builds.close()
-
-    def __enter__(self) -> Evaluator:
+    def __enter__(self) -> BaseEvaluator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _first_error(log_text: str) -> str:
+class Evaluator(BaseEvaluator):
+    """Judges candidates for tasks on one device, or on `workers` of them (one per GPU; CPU: N workers)."""
+
+    def __init__(self, device: str = "cpu", *, workers: int = 1, cache_dir: Path | None = None,
+                 build_workers: int | None = None, timeout_s: float = 120.0, bench: BenchConfig | None = DEFAULT_BENCH,
+                 memory_bytes: int | None = None, arch: str | None = None, seed: int | None = None) -> None:
+        """`seed`: the verification inputs' seed for every evaluation that names none (reproducible runs, as
+        tests need); by default a secret random one per evaluation. `workers`: worker processes, each pinned
+        to its own GPU (cuda:0..N-1 with CUDA_VISIBLE_DEVICES) or, on the CPU, N CPU workers."""
+        devices = devices_for(device, workers)
+        self.device = devices[0]
+        self.seed = seed
+        self.timeout_s = timeout_s
+        self.bench = bench
+        self.arch = arch or device_arch(self.device)
+        self.cache_dir = cache_dir  # of builds (None: forge.evaluate.build.default_cache_dir); winners go there too
+        models = {device_model(d) for d in devices} if len(devices) > 1 else set()
+        if len(models) > 1:  # speedups are compared across the workers: they must be timed on one GPU model
+            raise UserError(f"the GPUs differ ({', '.join(sorted(models))}): pick one model's with "
+                            "CUDA_VISIBLE_DEVICES")
+        self.device_model = device_model(self.device)  # what its results (and the run's kernels) are tuned on
+        self.builds = BuildPool(build_workers, self.arch, cache_dir)
+        memory = memory_bytes if memory_bytes is not None else default_memory(self.device)
+        # with several workers, each compiles Triton kernels into a cache folder of its own
+        self.workers = [Worker(d, memory if d == "cpu" else None, triton_cache=f"worker-{i}" if len(devices) > 1
+                               else None) for i, d in enumerate(devices)]
+        self.slots: Slots[int] = Slots(range(len(self.workers)))  # a slot: an index into self.workers
+
+    @property
+    def worker(self) -> Worker:
+        """The first worker (the only one with workers=1)."""
+        return self.workers[0]
+
+    @worker.setter
+    def worker(self, w: Worker) -> None:
+        self.workers[0] = w
+
+    @property
+    def parallel(self) -> int:
+        """One candidate at a time per worker."""
+        return len(self.slots)
+
+    def submit(self, task: TaskSpec, cand: Candidate, seed: int, bench: BenchConfig | None,
+               retime: bool = False) -> cf.Future[EvalResult]:
+        """Build `cand` (on the CPU cores) and judge it on the next free worker once built."""
+        built = self.builds.submit(cand)
+
+        def job(i: int) -> EvalResult:
+            return judge_built(self.workers[i], task, cand, built.result(), seed, bench, self.timeout_s, retime)
+
+        return self.slots.submit(job, ready=built.result)
+
+    def close(self) -> None:
+        """Stop the workers and the build threads."""
+        self.slots.close()
+        for w in self.workers:
+            w.close()
+        self.builds.close()
+
+    def call(self, task: TaskSpec, cand: Candidate, inputs: list[Any]) -> tuple[Any, ...] | EvalResult:
+        """The outputs of one call of a candidate (built, cached) on these inputs, in the first worker; no
+        verdict: forge lab runs a verified kernel on a person's own inputs so. A failure is an EvalResult."""
+        problems = check(cand)
+        if problems:
+            return EvalResult(problems[0][0], "; ".join(m for _, m in problems), device=self.device)
+        built = self.builds.submit(cand).result()
+        if not built.ok:
+            return EvalResult(Status.BUILD_ERROR, first_error(built.log), build_log=built.log, device=self.device)
+        found = check_library(built.path, cand.backend)
+        if found:
+            return EvalResult(found[0][0], "; ".join(m for _, m in found)[:2000], device=self.device)
+        return call_once(self.worker, task, cand.backend, built.path, cand.entry, inputs, self.timeout_s)
+
+
+
+def first_error(log_text: str) -> str:
+    """The first line of a compiler log that names an error (else its last line)."""
     for line in log_text.splitlines():
         if "error" in line.lower():
             return line.strip()[:300]

@@ -82,11 +82,13 @@ class Worker:
 
     def __init__(self, device: str = "cpu", memory_bytes: int | None = None, start_timeout_s: float = 120.0,
                  confined: bool | None = None, program: tuple[str, ...] = ("-m", "forge.evaluate.child"),
-                 own_network: bool | None = None) -> None:
+                 own_network: bool | None = None, triton_cache: str | None = None) -> None:
         """`confined`: the worker installs forge.evaluate.confine's seccomp filter (default: on the CPU; a CUDA worker
         also runs Triton, whose compiler is a program it starts). `program`: what Python runs (tests run a
         worker a candidate has taken over). `own_network`: a network namespace of its own when forge runs as
-        root (forge.evaluate.sandbox.limits; default: on the CPU, until CUDA IPC inside one is measured on a GPU)."""
+        root (forge.evaluate.sandbox.limits; default: on the CPU, until CUDA IPC inside one is measured on a GPU).
+        `triton_cache`: a subfolder of Triton's cache that is this worker's own (one per GPU of a pool)."""
+        self.triton_cache = triton_cache
         self.program = program
         self.isolate_network = device == "cpu" if own_network is None else own_network
         self.device = device
@@ -108,12 +110,20 @@ class Worker:
         """The worker's stdout/stderr."""
         return Path(self._dir.name) / "worker.log"
 
+    def start(self) -> None:
+        """Start the worker process now (else its first step does); RuntimeError when it cannot start."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._stop()
+            self._start()
+
     def _start(self) -> None:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         # HOME is the worker's own folder: credentials kept in files under the user's home (~/.aws, ~/.netrc,
         # tokens) are not a path away; Triton's cache stays where it was
         triton_cache = os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
+        if self.triton_cache:
+            triton_cache = str(Path(triton_cache) / self.triton_cache)
         extra = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p),
                  "PYTHONUNBUFFERED": "1", "HOME": self._dir.name, "TRITON_CACHE_DIR": triton_cache}
         dev = self.device

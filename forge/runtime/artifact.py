@@ -25,7 +25,6 @@ import atexit
 import hashlib
 import json
 import logging
-import platform
 import secrets
 import shutil
 import tempfile
@@ -40,6 +39,7 @@ from forge.capture.export import Capture, TensorMeta
 from forge.capture.layout import LAYOUTS, capture_in
 from forge.errors import UserError
 from forge.evaluate.build import file_sha256 as sha256
+from forge.evaluate.devices import device_model  # noqa: F401 - forge.runtime.artifact.device_model, as before
 from forge.runtime.dispatch import KernelArtifact, apply
 from forge.runtime.result import ForgeModel
 from forge.tasks.cut import build_tasks
@@ -52,27 +52,6 @@ class ArtifactError(UserError):
     """An artifact that is malformed or not what was saved: a file outside its folder, a changed file."""
 
 
-
-
-def device_model(device: str) -> str:
-    """What kernels are tuned for: the GPU's name and compute capability, or the CPU's model and ISA."""
-    if device.startswith("cuda"):
-        import torch
-
-        major, minor = torch.cuda.get_device_capability(device)
-        return f"{torch.cuda.get_device_name(device)} sm_{major}{minor}"
-    name, flags = "", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and not name:
-                name = value.strip()
-            elif key.strip() == "flags" and not flags:  # the vector ISA -march=native builds for
-                flags = " ".join(sorted(f for f in value.split() if f.startswith(("avx", "sse", "fma", "amx"))))
-    except OSError:
-        pass
-    name = name or platform.processor()
-    return f"{platform.machine()} {name} [{flags}]"
 
 
 def save(folder: str | Path, kernels: list[KernelArtifact], info: dict[str, Any]) -> Path:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from forge.bench import BenchConfig
 from forge.confidence import Contender, Decision, decide
-from forge.evaluate.evaluator import Evaluator
+from forge.evaluate.evaluator import BaseEvaluator as Evaluator  # local workers or a Ray cluster
 from forge.kernel import Candidate, EvalResult, TaskSpec
 
 log = logging.getLogger(__name__)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass, replace
@@ -28,12 +29,13 @@ from typing import Any
 
 from forge.confidence import noisy, speedup_ci
 from forge.evaluate.build import build
-from forge.evaluate.evaluator import Evaluator
+from forge.evaluate.evaluator import BaseEvaluator as Evaluator  # local workers or a Ray cluster
 from forge.kernel import Candidate, EvalResult, Feedback, TaskSpec
 from forge.policy.base import Policy
 from forge.progress import Progress
 from forge.search.confirm import Entry, decision, retimed, top
 from forge.search.mcts import FAIL, MCTS, Node, reward_of
+from forge.search.probe import bandwidth_of, probe, searched_before
 from forge.search.recorder import NodeRow, Recorder, TaskRow
 from forge.tasks.cut import Task
 
@@ -122,6 +124,7 @@ class TaskSearch:
         self.stop: str | None = rec.stop_reason if rec.state == "done" else None
         self.meta: dict[str, Any] = dict(rec.meta)
         self.last_at: Any = None  # when its newest stored evaluation was made
+        self.lock: threading.RLock = threading.RLock()  # search() gives the tasks probed at once one lock
 
     def start(self) -> None:
         """Record the root (the eager baseline) unless a recorded tree was restored."""
@@ -207,39 +210,54 @@ class TaskSearch:
         return None
 
     def run(self, until: int, ev: Evaluator, deadline: float, budget: Budget) -> None:
-        """Evaluate batches until `until` candidates in all, or a stop condition (then `self.stop` says which)."""
+        """Evaluate batches until `until` candidates in all, or a stop condition (then `self.stop` says which).
+        Important: all but the evaluations runs under `self.lock`, which the tasks probed at once share (the
+        policy and the store are not thread-safe)."""
         while self.stop is None and self.tried < until:
-            self.stop = self.stopped(deadline, budget)
-            if self.stop:
+            with self.lock:
+                batch = self._select(until, deadline, budget)
+            if batch is None:
                 break
-            # select + expand (the tree), then evaluate the batch: builds in parallel, timing one at a time
-            try:  # the policy proposes (in expand) and renders: its exception is this task's failure, not the run's
-                nodes = [n for n in (self.tree.select() for _ in range(min(budget.parallel, until - self.tried)))
-                         if n]
-                cands = [self.policy.render(self.spec, n.payload) for n in nodes]
-            except Exception as e:  # noqa: BLE001 - any policy bug: stored as the stop reason, the run goes on
-                log.exception("policy %s failed on task %s", self.policy.name, self.task.key)
-                self.stop = policy_error(e)
-                self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)  # a resume skips it
-                break
-            if not nodes:
-                self.stop = "exhausted (no more ideas)"
-                break
-            for node, cand, res in zip(nodes, cands, ev.evaluate_many(self.spec, cands),
-                                       strict=True):
-                self.tree.report(node, reward_of(res.speedup if res.status.passed else None))  # backpropagate
-                self._record(node, cand, res)
-                self._account(node.id, res, lambda cand=cand: cand)
-                try:  # feedback for policies that learn from outcomes (LLMs)
-                    self.policy.observe(self.spec, node.payload, cand, res)
-                except Exception:  # noqa: BLE001 - lost feedback, not a lost run
-                    log.exception("policy %s failed to observe a result of task %s", self.policy.name,
-                                  self.task.key)
-            self.progress.task(self.task.key, self.tried, self.speedup)
-        if self.stop is None:
-            self.stop = self.stopped(deadline, budget)
-        if self.stop is not None:
-            self.halt(self.stop)
+            nodes, cands = batch
+            # evaluate the batch: builds in parallel, timing one at a time on each worker (outside the lock)
+            for node, cand, res in zip(nodes, cands, ev.evaluate_many(self.spec, cands), strict=True):
+                with self.lock:
+                    self._take(node, cand, res)
+            with self.lock:
+                self.progress.task(self.task.key, self.tried, self.speedup)
+        with self.lock:
+            if self.stop is None:
+                self.stop = self.stopped(deadline, budget)
+            if self.stop is not None:
+                self.halt(self.stop)
+
+    def _select(self, until: int, deadline: float, budget: Budget) -> tuple[list[Node], list[Candidate]] | None:
+        """select + expand (the tree) a batch and render it; None when the task stops (`self.stop` says why)."""
+        self.stop = self.stopped(deadline, budget)
+        if self.stop:
+            return None
+        try:  # the policy proposes (in expand) and renders: its exception is this task's failure, not the run's
+            nodes = [n for n in (self.tree.select() for _ in range(min(budget.parallel, until - self.tried))) if n]
+            cands = [self.policy.render(self.spec, n.payload) for n in nodes]
+        except Exception as e:  # noqa: BLE001 - any policy bug: stored as the stop reason, the run goes on
+            log.exception("policy %s failed on task %s", self.policy.name, self.task.key)
+            self.stop = policy_error(e)
+            self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)  # a resume skips it
+            return None
+        if not nodes:
+            self.stop = "exhausted (no more ideas)"
+            return None
+        return nodes, cands
+
+    def _take(self, node: Node, cand: Candidate, res: EvalResult) -> None:
+        """One evaluation into the tree (backpropagate), the store, the statistics and the policy's feedback."""
+        self.tree.report(node, reward_of(res.speedup if res.status.passed else None))
+        self._record(node, cand, res)
+        self._account(node.id, res, lambda cand=cand: cand)
+        try:  # feedback for policies that learn from outcomes (LLMs)
+            self.policy.observe(self.spec, node.payload, cand, res)
+        except Exception:  # noqa: BLE001 - lost feedback, not a lost run
+            log.exception("policy %s failed to observe a result of task %s", self.policy.name, self.task.key)
 
     def feedback(self, node: Node) -> Feedback:
         """The node's evaluation and the task's statistics, for the policy expanding it."""
@@ -297,12 +315,6 @@ class TaskSearch:
                            res.speedup if res else None, speedup_ci(b, t), noisy(t) or noisy(b))
 
 
-def _bandwidth(states: list[TaskSearch]) -> float | None:
-    """Bytes per second the worker measured, recovered from the floors of probed tasks."""
-    rates = [s.spec.floor_bytes / (s.floor_us * 1e-6) for s in states if s.floor_us and s.spec.floor_bytes]
-    return statistics.median(rates) if rates else None
-
-
 def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder, budget: Budget,
            progress: Progress | None = None, resume: bool = False) -> list[TaskOutcome]:
     """Search every task worth it within the budget: probe each, then by share x headroom (module docstring).
@@ -326,7 +338,7 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
         if resume:
             s.restore()
         states.append(s)
-    deadline = time.monotonic() + budget.seconds - _searched_before(states, recorder)
+    deadline = time.monotonic() + budget.seconds - searched_before(states, recorder)
     shown = progress or Progress()
     shown.searching({s.task.key: s.tried for s in states}, budget.candidates, budget.per_task)
     shown.stage("probe")
@@ -334,16 +346,13 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
     def left() -> int:
         return budget.candidates - sum(s.tried for s in states)
 
-    # probe: each task's first candidates, biggest share first
+    lock = threading.RLock()
     for s in states:
-        if s.stop is None and s.tried < budget.min_per_task:
-            if left() <= 0:
-                s.halt("run budget spent")
-                continue
-            s.start()
-            s.run(min(budget.min_per_task, s.tried + left()), ev, deadline, budget)
+        s.lock = lock
+    probe(states, left, ev, deadline, budget)
     shown.stage("search")
-    _deepen([s for s in states if s.stop is None], states, left, ev, deadline, budget)
+    deep = replace(budget, parallel=max(budget.parallel, ev.parallel))  # one task at a time: a batch fills every worker
+    _deepen([s for s in states if s.stop is None], states, left, ev, deadline, deep)
     until = deadline + max(2.0, 0.1 * budget.seconds)  # the re-timing's share, past the search's deadline
     for s in states:
         out[s.task.key] = s.finish(ev, "run budget spent", until)
@@ -369,21 +378,12 @@ def _not_searched(t: Task, rec: TaskRow, policy: Policy, recorder: Recorder, bud
     return TaskOutcome(t.key, t.family, share, None, None, 0, status, why)
 
 
-def _searched_before(states: list[TaskSearch], recorder: Recorder) -> float:
-    """Seconds a stopped run had already searched (they count against --seconds when it is resumed)."""
-    done_at = [s.last_at for s in states if s.last_at is not None]
-    if not done_at:
-        return 0.0
-    created = recorder.created_at()
-    return max(0.0, (max(done_at) - created).total_seconds())
-
-
 def _deepen(live: list[TaskSearch], states: list[TaskSearch], left: Callable[[], int], ev: Evaluator,
             deadline: float, budget: Budget) -> None:
     """After the probe: the tasks still live, by share x headroom, each to its share of what is left (the
     weights and targets are stored, so a resumed run keeps them)."""
     if live and any("weight" not in s.meta for s in live):
-        bandwidth = _bandwidth(states)
+        bandwidth = bandwidth_of(states)
         for s in live:
             h = s.headroom(bandwidth)
             s.set_meta(headroom=round(h, 4), weight=(s.task.share or 0.0) * h)

@@ -1,0 +1,60 @@
+"""The probe: every searched task's first candidates, biggest share first, several tasks at once when the
+evaluator has more workers than one task's batch fills (tasks of one model on different GPUs at once)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import statistics
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from forge.evaluate.evaluator import BaseEvaluator
+
+if TYPE_CHECKING:
+    from forge.search.driver import Budget, TaskSearch
+    from forge.search.recorder import Recorder
+
+
+def probe(states: list[TaskSearch], left: Callable[[], int], ev: BaseEvaluator, deadline: float,
+          budget: Budget) -> None:
+    """Run each task's probe (`budget.min_per_task` candidates in all, within what the run has `left`).
+
+    With `ev.parallel // budget.parallel` above one, that many tasks are probed at once (threads; each task's
+    bookkeeping under the lock the tasks share, TaskSearch.run), each with the candidates the run had left for
+    it when the probe started, in share order; otherwise one after the other, each given what is left then.
+    """
+    at_once = max(1, ev.parallel // max(1, budget.parallel))
+    targets: list[tuple[TaskSearch, int]] = []
+    spare = left()
+    for s in states:
+        if s.stop is not None or s.tried >= budget.min_per_task:
+            continue
+        if (left() if at_once == 1 else spare) <= 0:
+            s.halt("run budget spent")
+            continue
+        s.start()
+        if at_once == 1:
+            s.run(min(budget.min_per_task, s.tried + left()), ev, deadline, budget)
+            continue
+        n = min(budget.min_per_task - s.tried, spare)
+        spare -= n
+        targets.append((s, s.tried + n))
+    if targets:
+        with cf.ThreadPoolExecutor(at_once, thread_name_prefix="forge-task") as pool:
+            for f in [pool.submit(s.run, until, ev, deadline, budget) for s, until in targets]:
+                f.result()
+
+
+def bandwidth_of(states: list[TaskSearch]) -> float | None:
+    """Bytes per second the worker measured, recovered from the floors of probed tasks."""
+    rates = [s.spec.floor_bytes / (s.floor_us * 1e-6) for s in states if s.floor_us and s.spec.floor_bytes]
+    return statistics.median(rates) if rates else None
+
+
+def searched_before(states: list[TaskSearch], recorder: Recorder) -> float:
+    """Seconds a stopped run had already searched (they count against --seconds when it is resumed)."""
+    done_at = [s.last_at for s in states if s.last_at is not None]
+    if not done_at:
+        return 0.0
+    created = recorder.created_at()
+    return max(0.0, (max(done_at) - created).total_seconds())

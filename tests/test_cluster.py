@@ -1,0 +1,192 @@
+"""Evaluation spread over workers: N CPU workers on this host, and a local Ray cluster started here.
+
+"Equal" results are what is deterministic: the set of candidates (task, source), their statuses and their
+verification (which sets passed, and the error values to 9 significant digits: the inputs come from a fixed
+seed; eager's own error moves in its last bits with the judge's thread count, which Ray sets to an actor's
+CPUs). Timings differ from run to run, and an MCTS steers by them, so these runs verify without timing
+(bench=None): every candidate gets the same reward and the trees grow alike whatever the number of workers.
+The worker processes, compilers, the Ray cluster and SQLite are real.
+"""
+
+import os
+import signal
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+from conftest import MODELS
+
+from forge.capture.model_input import load_file
+from forge.capture.profile import profile_model
+from forge.evaluate.evaluator import Evaluator
+from forge.policy.recipes.policy import RecipePolicy
+from forge.search.driver import Budget, search
+from forge.store import Store
+from forge.store.recorder import StoreRecorder
+
+BUDGET = Budget(candidates=10, per_task=5, min_per_task=3, parallel=3, patience=100, seconds=900.0, min_share=0.0)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    prof, _ = profile_model(load_file(MODELS / "two_tasks.py"), budget_s=0.05)
+    return list(prof.tasks)
+
+
+def run(tasks, ev, store) -> str:
+    r = store.create_run("two_tasks", device="cpu", dtype="float32", policy="recipes")
+    search(tasks, RecipePolicy("cpu"), ev, StoreRecorder(store, r.id), BUDGET)
+    return r.id
+
+
+def rounded(v: object) -> object:
+    """Verification details with every float to 9 significant digits."""
+    if isinstance(v, dict):
+        return tuple(sorted((k, rounded(x)) for k, x in v.items()))
+    if isinstance(v, list):
+        return tuple(rounded(x) for x in v)
+    return f"{v:.9g}" if isinstance(v, float) else v
+
+
+def stored(store, run_id) -> list[tuple]:
+    """(task, source, status, verification) of every evaluated candidate, sorted; the root excluded."""
+    out = []
+    for t in store.get_tasks(run_id):
+        for c in store.candidates(t.id):
+            evs = store.evaluations(c.id)
+            if c.parent_id is not None and evs:
+                out.append((t.key, c.source, c.status, evs[0].status, rounded(evs[0].verify)))
+    return sorted(out)
+
+
+@pytest.fixture(scope="module")
+def single(tasks, tmp_path_factory):
+    """The single-worker run every other is compared with."""
+    store = Store(tmp_path_factory.mktemp("one") / "f.db")
+    with Evaluator("cpu", bench=None, seed=0, cache_dir=tmp_path_factory.mktemp("cache1")) as ev:
+        rows = stored(store, run(tasks, ev, store))
+    assert len(rows) == BUDGET.candidates and any(r[3] == "ok" for r in rows)
+    return rows
+
+
+@pytest.mark.slow
+def test_n_cpu_workers_store_what_one_does(tasks, single, tmp_path):
+    store = Store(tmp_path / "f.db")
+    with Evaluator("cpu", workers=3, bench=None, seed=0, cache_dir=tmp_path / "cache") as ev:
+        assert ev.parallel == 3 and len(ev.workers) == 3
+        assert stored(store, run(tasks, ev, store)) == single
+        assert len({w.proc.pid for w in ev.workers if w.proc}) == 3  # all three judged (each started on its first)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    # a small local cluster: three CPUs (two actors, one for builds), no dashboard, a small object store
+    ray.init(num_cpus=3, include_dashboard=False, object_store_memory=80 << 20, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_ray_cluster_stores_what_one_worker_does(ray_cluster, tasks, single, tmp_path):
+    from forge.evaluate.cluster import RayEvaluator
+
+    store = Store(tmp_path / "f.db")
+    with RayEvaluator(None, "cpu", workers=2, bench=None, seed=0, cache_dir=tmp_path / "cache") as ev:
+        assert ev.parallel == 2 and len(set(ev.pids())) == 2 and os.getpid() not in ev.pids()
+        rid = run(tasks, ev, store)
+    assert stored(store, rid) == single
+    devices = {e.device for t in store.get_tasks(rid) for c in store.candidates(t.id) for e in store.evaluations(c.id)}
+    assert devices and all(d.startswith("cpu@") for d in devices)  # judged on the actors, named by node
+
+
+@pytest.mark.slow
+def test_killing_a_ray_actor_mid_run_loses_no_evaluated_candidate(ray_cluster, tasks, single, tmp_path):
+    from forge.evaluate.cluster import RayEvaluator
+
+    store = Store(tmp_path / "f.db")
+    kills: list[int] = []
+    done = threading.Event()
+    with RayEvaluator(None, "cpu", workers=2, bench=None, seed=0, cache_dir=tmp_path / "cache") as ev:
+
+        def killer() -> None:  # SIGKILL an actor while it judges: until one kill has hit a candidate in flight
+            while not done.is_set() and ev.slots.lost == 0 and len(kills) < 4:
+                time.sleep(0.3 + 0.4 * len(kills))
+                pid = ev.pids()[0]
+                os.kill(pid, signal.SIGKILL)
+                kills.append(pid)
+                deadline = time.monotonic() + 20
+                while not done.is_set() and ev.slots.lost == 0 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+
+        t = threading.Thread(target=killer)
+        t.start()
+        try:
+            rid = run(tasks, ev, store)
+        finally:
+            done.set()
+            t.join()
+        assert ev.slots.lost >= 1, f"no kill of {kills} hit a candidate in flight"
+        assert kills[-1] not in ev.pids()  # Ray started the killed actor again
+    assert stored(store, rid) == single  # every candidate evaluated, none a crash of the lost actor
+
+
+def probes(store, run_id, n: int) -> dict[str, list[tuple]]:
+    """Each task's first `n` evaluated candidates (its probe), in the order they were stored, with their times."""
+    out = {}
+    for t in store.get_tasks(run_id):
+        rows = sorted((e.id, e.created_at, c.source, e.status) for c in store.candidates(t.id) if c.parent_id
+                      for e in store.evaluations(c.id)[:1])
+        if rows:
+            out[t.key] = rows[:n]
+    return out
+
+
+@pytest.mark.slow
+def test_tasks_are_probed_at_once_when_the_workers_outnumber_a_batch(tasks, tmp_path):
+    budget = replace(BUDGET, parallel=2, min_per_task=6)  # 4 workers, batches of 2: two tasks probed at once
+    found = {}
+    for workers in (1, 4):
+        store = Store(tmp_path / f"{workers}.db")
+        with Evaluator("cpu", workers=workers, bench=None, seed=0, cache_dir=tmp_path / "cache") as ev:
+            for w in ev.workers:  # started before: the probes' overlap is not a race between worker starts
+                w.start()
+            r = store.create_run("two_tasks", device="cpu", dtype="float32", policy="recipes")
+            search(tasks, RecipePolicy("cpu"), ev, StoreRecorder(store, r.id), budget)
+        found[workers] = probes(store, r.id, budget.min_per_task)
+    one, four = found[1], found[4]
+    same = {k: [x[2:] for x in v] for k, v in one.items()}
+    assert len(one) == 2 and same == {k: [x[2:] for x in v] for k, v in four.items()}  # sources and statuses
+    (_, a1), (b0, _) = sorted((v[0][1], v[-1][1]) for v in four.values())
+    assert b0 < a1, "the second task's probe started only after the first's ended"
+    (_, a1), (b0, _) = sorted((v[0][1], v[-1][1]) for v in one.values())
+    assert a1 <= b0  # one worker: one task after the other
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--gpus", "2"], "--gpus needs --device cuda"),
+    (["--device", "cuda", "--gpus", "many"], "Invalid --gpus: 'many'"),
+    (["--device", "cuda", "--gpus", "0"], "Invalid --gpus: '0'"),
+    (["--workers", "0"], "Invalid --workers: 0"),
+    (["--device", "cuda", "--workers", "2"], "Invalid --workers: 2"),
+])
+def test_bad_worker_options_are_one_line_and_exit_2(argv, says, capsys, tmp_path):
+    from forge.cli import main
+
+    assert main(["optimize", str(MODELS / "two_tasks.py"), "--db", str(tmp_path / "f.db"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"forge: error: {says}") and "\n" not in err, err
+
+
+@pytest.mark.slow
+def test_forge_optimize_with_two_cpu_workers(tmp_path, monkeypatch):
+    import json
+
+    from forge.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["optimize", str(MODELS / "two_tasks.py"), "--workers", "2", "--budget", "6", "--seconds", "120",
+                 "--no-inductor", "--db", str(tmp_path / "f.db"), "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["outputs_match"] is True and sum(t["candidates"] for t in report["tasks"]) > 0

@@ -217,21 +217,26 @@ def test_a_hanging_server_ends_a_60_second_run_within_90(tmp_path):
 
 
 def tree(store, run_id):
-    """Every candidate of a run: (task, source, status), in order."""
-    return [(t.key, c.source, c.status) for t in store.get_tasks(run_id) for c in store.candidates(t.id)
-            if c.parent_id is not None]
+    """Every candidate of a run: (task, source, status), sorted (answers arrive in any order)."""
+    return sorted((t.key, c.source, c.status) for t in store.get_tasks(run_id) for c in store.candidates(t.id)
+                  if c.parent_id is not None)
 
 
 def bank(prompt):
     if "Make it faster" in prompt or "by the compiler" in prompt or "wrong_result" in prompt:
         return [Step(f"Fixed.\n\n```cpp\n{GOOD}```\n")]
-    return [Step(f"```cpp\n{GOOD.replace('4096', '2048')}```\n"), Step(f"```cpp\n{GOOD}```\n")]
+    if "different approach" in prompt:
+        return [Step(f"```cpp\n{GOOD.replace('4096', '2048')}```\n")]
+    if "cache blocking" in prompt:
+        return [Step(f"```cpp\n{GOOD.replace('sinf(x[i])', 'sinf(x[i] + 1)')}```\n")]  # wrong
+    return [Step(f"```cpp\n{GOOD}```\n")]
 
 
 @pytest.mark.slow
 def test_replay_from_the_run_id_alone_offline_without_a_key(tmp_path):
     db = tmp_path / "forge.db"
-    common = ["--budget", "6", "--seconds", "120", "--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs")]
+    # 4 candidates: the root's first attempts, whatever the timings (deeper, the tree follows measured times)
+    common = ["--budget", "4", "--seconds", "120", "--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs")]
     env = {"FORGE_CACHE": str(tmp_path / "cache")}
     with FakeLLM(bank, key="local-key") as server:
         first = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy",

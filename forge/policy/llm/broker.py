@@ -45,8 +45,9 @@ ENV = "FORGE_LLM_BROKER"  # in the child: the descriptor of its end of the socke
 ISOLATED = "FORGE_ISOLATED"  # in the child: it runs the job (it never starts a key holder itself)
 # Names that hold credentials. Narrower than the workers' rule (forge.evaluate.sandbox: an allowlist):
 # the child loads the user's model and needs its settings (HF_HOME, TORCH_HOME, FORGE_DB, ...).
+# (AWS_SECRET_ACCESS_KEY, AZURE_CLIENT_SECRET, GOOGLE_APPLICATION_CREDENTIALS are caught; AWS_CA_BUNDLE is not.)
 _CREDENTIAL = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|_PASS$|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|"
-                         r"COOKIE|AUTH|^OPENAI|^ANTHROPIC|^AWS_|^AZURE_|^GOOGLE_APPLICATION)", re.I)
+                         r"COOKIE|AUTH|^OPENAI|^ANTHROPIC)", re.I)
 _MAX_LINE = 64 << 20  # a request larger than this ends the session (a conversation is a few hundred kB)
 _GRACE_S = 10.0  # the child waits this long past its deadline for the key holder's answer
 
@@ -171,7 +172,7 @@ def _answer(chat: Chat, req: dict[str, Any], sock: socket.socket, lock: threadin
     except Exception as e:  # noqa: BLE001 - a bug here must not end the session
         log.exception("key holder: request failed")
         out.update(error=f"{type(e).__name__}: {e}", status=Status.PROVIDER_ERROR.value, usd=0.0, not_sent=False)
-    out["spent"] = chat.ledger.spent
+    out["spent"], out["least_worst"] = chat.ledger.spent, chat.least_worst
     data = (json.dumps(out) + "\n").encode()
     with lock:
         try:
@@ -242,6 +243,7 @@ class RemoteChat(Chat):
         self.retry = retry
         self.price = price or Price(0.0, 0.0)
         self.ledger = Ledger(max_usd)  # a mirror of the key holder's: its spending, for the search's stop
+        self.least_worst = 0.0
         self._channel = _channel()
 
     def complete(self, system: str, messages: list[dict[str, str]], max_tokens: int = 8192,
@@ -252,6 +254,7 @@ class RemoteChat(Chat):
         msg = self._channel.ask({"system": system, "messages": messages, "max_tokens": max_tokens,
                                  "seconds_left": left}, wait)
         self.ledger.settle(0.0, max(0.0, float(msg.get("spent", 0.0)) - self.ledger.spent))
+        self.least_worst = float(msg.get("least_worst", self.least_worst))
         if "reply" in msg:
             return Reply(**msg["reply"])
         e: LLMError = NotSent(str(msg.get("error"))) if msg.get("not_sent") else LLMError(str(msg.get("error")))

@@ -88,7 +88,8 @@ class Ledger:
             self.spent += usd
 
     def stop_reason(self, smallest: float) -> str | None:
-        """Why no request can be sent any more (not even one costing `smallest`), or None."""
+        """Why no request can be sent any more (not even one costing `smallest`, the least a request has needed),
+        or None."""
         if self.max_usd is not None and self.spent + smallest > self.max_usd:
             return f"LLM budget spent (${self.spent:.4f} of --max-usd {self.max_usd:g})"
         return None

@@ -166,6 +166,7 @@ class Chat:
         self.retry = retry
         self.price = price or Price(0.0, 0.0)
         self.ledger = Ledger(max_usd)
+        self.least_worst = 0.0  # the smallest worst case of a request so far (what the next one needs at least)
         self._client = self._make_client(api_key)  # the key lives in the client only
 
     def _make_client(self, api_key: str) -> Any:
@@ -179,7 +180,7 @@ class Chat:
 
     def stop_reason(self, max_tokens: int) -> str | None:
         """Why no request may be sent any more (--max-usd has no room for one), or None."""
-        return self.ledger.stop_reason(self.price.cost(0, max_tokens))
+        return self.ledger.stop_reason(max(self.least_worst, self.price.cost(0, max_tokens)))
 
     def complete(self, system: str, messages: list[dict[str, str]], max_tokens: int = 8192,
                  deadline: float | None = None, sleep: Callable[[float], None] = time.sleep) -> Reply:
@@ -190,6 +191,7 @@ class Chat:
         worst case (the provider may have billed it)."""
         last, lost = "", 0.0
         worst = self.price.cost(upper_tokens(system) + sum(upper_tokens(m["content"]) for m in messages), max_tokens)
+        self.least_worst = min(self.least_worst, worst) if self.least_worst else worst
         for attempt in range(self.retry.attempts):
             timeout = self._timeout(deadline, attempt, last)
             self.ledger.reserve(worst)

@@ -180,6 +180,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from forge.store import Store
     from forge.tasks.render import print_optimize
 
+    if _isolated_from_keys(args):
+        return _run_isolated(args)
     store = Store(args.db)
     if args.resume:  # the run's own model (unless one is given: it must match), device, dtype and budget
         from forge.job import resumable
@@ -255,6 +257,30 @@ def _scale(args: argparse.Namespace) -> Scale:
         return Scale(Scale.parse_gpus(args.gpus, torch.cuda.device_count()))
     except ValueError as e:
         raise UserError(str(e)) from None
+
+def _isolated_from_keys(args: argparse.Namespace) -> bool:
+    """True when this optimize must run in a child without credentials (forge.policy.llm.broker)."""
+    from forge.policy.llm import broker
+
+    return broker.needs_isolation() and getattr(args, "argv", None) is not None
+
+
+def _run_isolated(args: argparse.Namespace) -> int:
+    """The job in a child without credentials; this process holds the LLM key (if the policy needs one) and
+    sends the child's requests: the process that loads kernels holds no secret."""
+    from forge.policy.llm import broker, keyholder_chat
+
+    name = args.policy
+    if args.resume:
+        from forge.job import resumable
+        from forge.store import Store
+
+        name = resumable(Store(args.db), args.resume).policy
+    llm = name not in ("recipes", "") and not args.replay
+    if name == "recipes" and not args.replay and (args.max_usd is not None or args.prices):
+        raise UserError("--max-usd, --replay and --prices apply to LLM policies (e.g. --policy openai:MODEL)")
+    chat = keyholder_chat(name, max_usd=args.max_usd, prices=args.prices) if llm else None
+    return broker.run_isolated(args.argv, chat)
 
 
 def resume_command(args: argparse.Namespace, run_id: str) -> str:
@@ -403,6 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `forge` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # forge optimize may run itself again, keyless
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -38,6 +38,11 @@ class Status(str, Enum):
     FORBIDDEN_TIMER = "forbidden_timer"  # timer tampering
     FORBIDDEN_CODE = "forbidden_code"  # code at load, inline assembly, Python outside the rules
     BAD_FORMAT = "bad_format"  # no launcher, does not parse
+    # A policy that wrote no kernel (forge.kernel.NoKernel: an LLM node):
+    PROVIDER_ERROR = "provider_error"  # the provider failed: HTTP errors, timeouts, no answer by the deadline
+    TRUNCATED = "truncated"  # the answer was cut (max_tokens, or forge's size cap) before it held usable code
+    REFUSED = "refused"  # the model refused, or answered nothing
+    NOT_ASKED = "not_asked"  # the request was never sent: budget, deadline, a replay without its answer
     # Building and running:
     BUILD_ERROR = "build_error"
     LAUNCH_ERROR = "launch_error"  # missing entry point, non-zero return, Python exception in a launcher
@@ -124,10 +129,11 @@ class NoKernel(Candidate):
     status: Status = Status.BAD_FORMAT
 
     @classmethod
-    def because(cls, backend: str, reason: str) -> NoKernel:
-        """A failed node of the backend with this reason."""
+    def because(cls, backend: str, reason: str, status: Status = Status.BAD_FORMAT) -> NoKernel:
+        """A failed node of the backend with this reason (and status: what kept the kernel from being written)."""
         comment = _backend(backend).comment
-        return cls(backend, f"{comment} forge: no kernel: " + reason.replace("\n", " ") + "\n", reason=reason)
+        return cls(backend, f"{comment} forge: no kernel: " + reason.replace("\n", " ") + "\n", reason=reason,
+                   status=status)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Shared test helpers: paths, the `cuda` marker (skipped without an NVIDIA GPU), the review store."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,15 @@ MODELS = Path(__file__).resolve().parent / "models"
 
 @pytest.fixture(autouse=True)
 def _no_forge_env(monkeypatch):
-    """A FORGE_DB or FORGE_OUT in the caller's environment would move every test's store and artifacts."""
+    """A FORGE_DB or FORGE_OUT in the caller's environment would move every test's store and artifacts; a
+    credential (an API key) would reach a real provider, and make every `forge optimize` run in a keyless
+    child (forge.policy.llm.broker): tests set the keys they use."""
+    from forge.policy.llm.broker import is_credential
+
     monkeypatch.delenv("FORGE_DB", raising=False)
     monkeypatch.delenv("FORGE_OUT", raising=False)
+    for name in [k for k in os.environ if is_credential(k)]:
+        monkeypatch.delenv(name)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

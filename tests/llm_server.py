@@ -21,7 +21,10 @@ class Step:
     """One scripted response: an answer, or a fault."""
 
     text: str = ""
-    fault: str = ""  # "" | "429" | "500" | "timeout" | "malformed" | "refusal" | "401"
+    # "" | "429" | "500" | "timeout" | "malformed" | "refusal" | "401" | "hang" (never answers) |
+    # "no-usage" (an answer without usage) | "length" (the provider says it stopped at max_tokens)
+    fault: str = ""
+    tokens_out: int | None = None  # the usage to report (None: characters / 4), e.g. more than max_tokens
     retry_after: str | None = None  # the 429's retry-after header
     sleep_s: float = 0.0  # before answering (a slow model: lets requests overlap)
 
@@ -49,6 +52,7 @@ class FakeLLM:
     seen: list[Seen] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self._stop = threading.Event()  # ends the hanging requests when the server stops
         self._steps: dict[str, int] = {}
         self._lock = threading.Lock()
         self.in_flight = 0
@@ -97,6 +101,7 @@ class FakeLLM:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -145,25 +150,33 @@ class FakeLLM:
                 return h._json(500, {"type": "error", "error": {"type": "api_error", "message": "boom"}})
             if step.fault == "timeout":
                 time.sleep(2.0)  # longer than the client's timeout in the tests
+            if step.fault == "hang":
+                self._stop.wait()  # until the server stops: a model that never answers
+                return None
             if step.fault == "malformed":
                 return h._raw(200, b'{"id": "x", "choices": [{"message": {"content": "trunc')
             seen.tokens_in = sum(len(str(m.get("content", ""))) for m in body.get("messages", [])) // 4 + \
                 len(str(body.get("system", ""))) // 4
-            seen.tokens_out = len(step.text) // 4
+            seen.tokens_out = len(step.text) // 4 if step.tokens_out is None else step.tokens_out
             if anthropic:
-                stop = "refusal" if step.fault == "refusal" else "end_turn"
+                stop = {"refusal": "refusal", "length": "max_tokens"}.get(step.fault, "end_turn")
                 blocks = [{"type": "text", "text": step.text}] if step.text or step.fault != "refusal" else []
-                h._json(200, {"id": "msg_1", "type": "message", "role": "assistant", "model": body.get("model"),
-                              "content": blocks, "stop_reason": stop, "stop_sequence": None,
-                              "usage": {"input_tokens": seen.tokens_in, "output_tokens": seen.tokens_out}})
+                payload = {"id": "msg_1", "type": "message", "role": "assistant", "model": body.get("model"),
+                           "content": blocks, "stop_reason": stop, "stop_sequence": None,
+                           "usage": {"input_tokens": seen.tokens_in, "output_tokens": seen.tokens_out}}
             else:
                 message = {"role": "assistant", "content": None if step.fault == "refusal" else step.text,
                            "refusal": step.text if step.fault == "refusal" else None}
-                h._json(200, {"id": "chatcmpl-1", "object": "chat.completion", "created": 0,
-                              "model": body.get("model"), "choices": [{"index": 0, "message": message,
-                                                                       "finish_reason": "stop"}],
-                              "usage": {"prompt_tokens": seen.tokens_in, "completion_tokens": seen.tokens_out,
-                                        "total_tokens": seen.tokens_in + seen.tokens_out}})
+                finish = "length" if step.fault == "length" else "stop"
+                payload = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0,
+                           "model": body.get("model"), "choices": [{"index": 0, "message": message,
+                                                                    "finish_reason": finish}],
+                           "usage": {"prompt_tokens": seen.tokens_in, "completion_tokens": seen.tokens_out,
+                                     "total_tokens": seen.tokens_in + seen.tokens_out}}
+            if step.fault == "no-usage":
+                payload.pop("usage")
+                seen.tokens_in = seen.tokens_out = 0
+            h._json(200, payload)
         finally:
             with self._lock:
                 self.in_flight -= 1

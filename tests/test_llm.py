@@ -30,7 +30,7 @@ def test_provider_specs_parse_and_reject():
     assert ProviderSpec.parse("anthropic:claude-sonnet-4-5").key_env == "ANTHROPIC_API_KEY"
     s = ProviderSpec.parse("openai-compatible:http://localhost:11434/v1:qwen2.5-coder:7b")
     assert (s.base_url, s.model, s.name) == ("http://localhost:11434/v1", "qwen2.5-coder:7b",
-                                             "openai-compatible:qwen2.5-coder:7b")
+                                             "openai-compatible:http://localhost:11434/v1:qwen2.5-coder:7b")
     assert ProviderSpec.parse("openai-compatible:http://127.0.0.1:8000:llama3:8b").base_url == "http://127.0.0.1:8000"
     for bad in ("gemini:pro", "openai:", "openai-compatible:localhost:8000:m", "openai-compatible:http://h/v1"):
         with pytest.raises(ValueError, match="Invalid policy"):

@@ -193,21 +193,24 @@ def test_replay_answers_from_the_stored_run_only(tasks, ev, tmp_path):
     wider = LLMConfig(width=4, max_first=5, optimize=2, rounds=1, concurrency=4)
     run3, _ = run_search(make_llm_policy(name, "cpu", store=store, replay=run1, config=wider), tasks, ev, store)
     misses = [c for t in store.get_tasks(run3) for c in store.candidates(t.id) if "no stored answer" in c.source]
-    assert misses and all(c.status == "bad_format" for c in misses)
+    assert misses and all(c.status == "not_asked" for c in misses)
 
 
 def test_max_usd_stops_the_search_cleanly(tasks, ev, tmp_path):
+    # $1000 per million tokens out: a request's worst case (8192 tokens) is $8.19, a real answer (a few hundred
+    # tokens) well under $1; $8.5 has room for one request at a time, and for none once $0.31 is spent
     store = Store(tmp_path / "forge.db")
     prices = tmp_path / "prices.json"
-    prices.write_text(json.dumps({"openai-compatible": {"fake-coder": {"in": 1000.0, "out": 1000.0}}}))
+    prices.write_text(json.dumps({"openai-compatible": {"fake-coder": {"in": 0.0, "out": 1000.0}}}))
     with FakeLLM(script) as server:
         pol = make_llm_policy(f"openai-compatible:{server.url}/v1:fake-coder", "cpu", store=store, prices=prices,
-                              max_usd=0.5, retry=RETRY, config=CONFIG)
+                              max_usd=8.5, retry=RETRY, config=CONFIG)
         run, outcomes = run_search(pol, tasks, ev, store)
     assert outcomes[0].stop_reason.startswith("LLM budget spent")
-    assert "--max-usd 0.5" in outcomes[0].stop_reason
+    assert "--max-usd 8.5" in outcomes[0].stop_reason
     cost = store.run_cost(run)
-    assert cost.usd >= 0.5 and cost.llm_calls <= 6  # the first batch's requests (and their repairs), no more
+    assert 0 < cost.usd <= 8.5 and cost.llm_calls >= 1  # never past the cap, in-flight requests included
+    assert "not_asked" in statuses(store, run)  # the requests it had no room for were not sent
     assert store.get_tasks(run)[0].stop_reason.startswith("LLM budget spent")
 
 
@@ -221,7 +224,7 @@ def test_mixed_policy_seeds_with_recipes_and_tunes_llm_kernels(tasks, ev, tmp_pa
     with FakeLLM(lambda p: [Step(code("faster" if "Make it faster" in p else "good"))]) as server:
         pol = make_llm_policy(f"recipes+openai-compatible:{server.url}/v1:fake-coder", "cpu", store=store,
                               retry=RETRY, config=LLMConfig(width=1, max_first=1, optimize=1, rounds=1, tune=True))
-        assert isinstance(pol, MixedPolicy) and pol.name == "recipes+openai-compatible:fake-coder"
+        assert isinstance(pol, MixedPolicy) and pol.name == f"recipes+openai-compatible:{server.url}/v1:fake-coder"
         pol.bind(store, store.create_run("sincos", device="cpu", policy=pol.name).id)
 
         def judge(payloads):

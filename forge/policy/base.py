@@ -4,7 +4,7 @@ Interface (the base class `Policy`): `propose(spec, parent, feedback) -> list[pa
 below a tree node (`parent` is None at the root: the eager baseline), and `render(spec, payload) -> Candidate`
 turns an idea into source. `payload_of(spec, knobs) -> payload` turns the knobs stored for a candidate back
 into its payload, so `forge optimize --resume` can rebuild a search tree (by default only JSON payloads can
-be rebuilt; see forge.search.driver); `observe`, `stop_reason`, `bind` and `close` are hooks that do nothing by
+be rebuilt; see forge.search.driver); `observe`, `stop_reason`, `bind`, `until` and `close` are hooks that do nothing by
 default. The offline recipe policy (the default) is forge.policy.recipes.policy; the language-model ones are in
 forge.policy.llm.
 """
@@ -57,6 +57,11 @@ class Policy(ABC):
 
     def bind(self, store: Any, run_id: str) -> None:
         """Where the policy records what it does (forge.store.Store and the run); nothing by default."""
+        return None
+
+    def until(self, deadline: float) -> None:
+        """The search ends at `deadline` (time.monotonic()): nothing the policy waits for may outlast it (an LLM
+        policy's requests time out by then); nothing by default."""
         return None
 
     def close(self) -> None:

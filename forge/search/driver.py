@@ -339,6 +339,7 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
             s.restore()
         states.append(s)
     deadline = time.monotonic() + budget.seconds - searched_before(states, recorder)
+    policy.until(deadline)  # an LLM policy's requests end by then
     shown = progress or Progress()
     shown.searching({s.task.key: s.tried for s in states}, budget.candidates, budget.per_task)
     shown.stage("probe")

@@ -332,11 +332,12 @@ class Store(StoreBase):
                     row.candidate_id = candidate_id
                     row.task_id = row.task_id if row.task_id is not None else cand.task_id
 
-    def find_llm_call(self, request_hash: str, *, status: str | None = "ok") -> LLMCallRecord | None:
-        """Return the newest call with this request hash (and status; None for any), or None."""
+    def find_llm_call(self, request_hash: str, *, status: str | tuple[str, ...] | None = "ok"
+                      ) -> LLMCallRecord | None:
+        """Return the newest call with this request hash (and status, or one of these; None for any), or None."""
         query = select(LLMCall).where(LLMCall.request_hash == request_hash)
         if status is not None:
-            query = query.where(LLMCall.status == status)
+            query = query.where(LLMCall.status.in_((status,) if isinstance(status, str) else status))
         with self._read() as s:
             row = s.scalars(query.order_by(LLMCall.id.desc()).limit(1)).first()
             return None if row is None else _record(LLMCallRecord, row)

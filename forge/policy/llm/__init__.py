@@ -13,11 +13,29 @@ from forge.errors import UserError
 from forge.policy.llm.cache import CallLog, replay_answers
 from forge.policy.llm.policy import Idea, LLMConfig, LLMPolicy, MixedPolicy
 from forge.policy.llm.prices import PriceTable
-from forge.policy.llm.providers import LLMError, ProviderSpec, RetryConfig, connect
+from forge.policy.llm.providers import Chat, LLMError, ProviderSpec, RetryConfig, connect
 from forge.store import Store
 
 __all__ = ["Idea", "LLMConfig", "LLMError", "LLMPolicy", "MixedPolicy", "ProviderSpec", "RetryConfig",
-           "make_llm_policy"]
+           "keyholder_chat", "make_llm_policy"]
+
+
+def keyholder_chat(name: str, *, max_usd: float | None = None, prices: str | Path | None = None,
+                   retry: RetryConfig | None = None) -> Chat:
+    """The client the key holder (forge.policy.llm.broker) sends requests with, its key checked; bad input is a
+    UserError before anything starts."""
+    try:
+        spec = ProviderSpec.parse(name.removeprefix("recipes+"))
+        table = PriceTable(prices)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    _priced(table, spec, max_usd)
+    return connect(spec, retry, price=table.price(spec.provider, spec.model), max_usd=max_usd)
+
+
+def _priced(table: PriceTable, spec: ProviderSpec, max_usd: float | None) -> None:
+    if max_usd is not None and table.get(spec.provider, spec.model) is None and spec.provider != "openai-compatible":
+        raise UserError(f"--max-usd needs a price for {spec.name}: add it to a --prices file")
 
 
 def make_llm_policy(name: str, device: str, *, store: Store | None = None, max_usd: float | None = None,
@@ -31,13 +49,13 @@ def make_llm_policy(name: str, device: str, *, store: Store | None = None, max_u
 
     mixed = name.startswith("recipes+")
     try:
-        spec = ProviderSpec.parse(name.removeprefix("recipes+"))
+        text = name.removeprefix("recipes+")
+        spec = ProviderSpec.stored(text) if replay is not None else ProviderSpec.parse(text)
         table = PriceTable(prices)
     except ValueError as e:
         raise UserError(str(e)) from None
     price = table.price(spec.provider, spec.model)
-    if max_usd is not None and table.get(spec.provider, spec.model) is None and spec.provider != "openai-compatible":
-        raise UserError(f"--max-usd needs a price for {spec.name}: add it to a --prices file")
+    _priced(table, spec, max_usd)
     answers = None
     if replay is not None:
         if store is None:
@@ -49,7 +67,7 @@ def make_llm_policy(name: str, device: str, *, store: Store | None = None, max_u
         answers = replay_answers(store, replay)
         if not answers:
             raise UserError(f"run {replay} has no stored LLM answers to replay")
-    chat = None if replay is not None else connect(spec, retry)
+    chat = None if replay is not None else connect(spec, retry, price=price, max_usd=max_usd)
     if config is None:
         config = LLMConfig(tune=mixed)
     llm = LLMPolicy(CallLog(spec, chat, price, max_usd=max_usd, replay=answers), device, config=config)

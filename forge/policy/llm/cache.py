@@ -1,9 +1,11 @@
-"""Every LLM request goes through a CallLog: cache or replay, budget, the provider, pricing, the store.
+"""Every LLM request goes through a CallLog: cache or replay, deadline, the provider, the store.
 
 The request hash covers the provider, the model, the system prompt and the conversation with measured
-numbers masked (forge.policy.llm.prompts). A request whose hash has an `ok` call in the store is answered from
-it at no cost (stored with status `cached`); with `replay` only the calls of that run may answer, and a
-request without one fails its node instead of reaching the network.
+numbers masked (forge.policy.llm.prompts). A request whose hash has an answer from the network in the store
+(`ok`, `estimated`, `truncated`) is answered from it at no cost (stored as `cached`, or `cached-cut` for a cut
+answer); with `replay` only the calls of that run may answer, and a request without one fails its node
+instead of reaching the network. The client (forge.policy.llm.providers.Chat) reserves, prices and bounds
+each request; the CallLog stores what came back, with a status that says what happened.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from forge.kernel import Status
+from forge.policy.llm.limits import BudgetSpent, LLMError, NotSent
 from forge.policy.llm.prices import Price
 from forge.policy.llm.prompts import Prompt
-from forge.policy.llm.providers import Chat, LLMError, ProviderSpec, Reply
+from forge.policy.llm.providers import Chat, ProviderSpec, Reply
 from forge.store import Store
 
 log = logging.getLogger(__name__)
@@ -35,8 +39,11 @@ class Answer:
     call_id: int | None = None  # the stored call (linked to the candidate the answer becomes)
 
 
-class BudgetSpent(LLMError):
-    """--max-usd is reached: no more requests."""
+__all__ = ["ANSWERED", "Answer", "BudgetSpent", "CallLog", "Message", "replay_answers", "request_hash"]
+
+FROM_NETWORK = ("ok", "estimated", "truncated")  # answers the cache may give again
+ANSWERED = (*FROM_NETWORK, "cached", "cached-cut", "replayed", "replayed-cut")  # answers a replay gives again
+_CUT = ("truncated", "cached-cut", "replayed-cut")
 
 
 def request_hash(spec: ProviderSpec, system: Prompt, messages: list[Message], max_tokens: int) -> str:
@@ -50,18 +57,27 @@ class CallLog:
     """Answers requests from the cache, a replayed run, or the provider; records and prices every call."""
 
     def __init__(self, spec: ProviderSpec, chat: Chat | None, price: Price, *, max_usd: float | None = None,
-                 replay: dict[str, str] | None = None, max_tokens: int = 8192) -> None:
+                 replay: dict[str, tuple[str, str]] | None = None, max_tokens: int = 8192) -> None:
         self.spec = spec
         self.chat = chat  # None with replay: no network at all
         self.price = price
         self.max_usd = max_usd
+        if chat is not None:  # the chat reserves, prices and caps each request (forge.policy.llm.limits.Ledger)
+            chat.price = price
+            if max_usd is not None:
+                chat.ledger.max_usd = max_usd
         self.replay = replay
         self.max_tokens = max_tokens
-        self.spent = 0.0
+        self.deadline: float | None = None  # time.monotonic() by which every request must be over
         self.calls = 0
         self._lock = threading.Lock()
         self.store: Store | None = None
         self.run_id: str | None = None
+
+    @property
+    def spent(self) -> float:
+        """Dollars spent on requests so far."""
+        return self.chat.ledger.spent if self.chat is not None else 0.0
 
     def bind(self, store: Store, run_id: str) -> None:
         """Where calls are recorded (and the cache looked up)."""
@@ -69,9 +85,7 @@ class CallLog:
 
     def budget_spent(self) -> str | None:
         """Why no more requests may be made, or None."""
-        if self.max_usd is not None and self.spent >= self.max_usd:
-            return f"LLM budget spent (${self.spent:.4f} of --max-usd {self.max_usd:g})"
-        return None
+        return self.chat.stop_reason(self.max_tokens) if self.chat is not None else None
 
     def ask(self, system: Prompt, messages: list[Message], task_id: int | None = None) -> Answer:
         """The answer to a request; raises LLMError (BudgetSpent, replay miss, provider failure)."""
@@ -79,29 +93,30 @@ class CallLog:
         prompt = _transcript(system, messages)
         if self.replay is not None:
             if h not in self.replay:
-                raise LLMError("replay: the replayed run has no stored answer for this request")
-            return self._record(h, prompt, Reply(self.replay[h], 0, 0, "stop"), 0.0, "replayed", task_id, 0.0)
-        hit = self.store.find_llm_call(h) if self.store else None
+                raise NotSent("replay: the replayed run has no stored answer for this request")
+            text, status = self.replay[h]
+            cut = status in _CUT
+            return self._record(h, prompt, Reply(text, 0, 0, "length" if cut else "stop"), 0.0,
+                                "replayed-cut" if cut else "replayed", task_id, 0.0)
+        hit = self.store.find_llm_call(h, status=FROM_NETWORK) if self.store else None
         if hit is not None:
-            return self._record(h, prompt, Reply(hit.response, 0, 0, "stop"), 0.0, "cached", task_id, 0.0)
-        with self._lock:
-            why = self.budget_spent()
-        if why:
-            raise BudgetSpent(why)
+            cut = hit.status == "truncated"
+            return self._record(h, prompt, Reply(hit.response, 0, 0, "length" if cut else "stop"), 0.0,
+                                "cached-cut" if cut else "cached", task_id, 0.0)
         assert self.chat is not None
         start = time.perf_counter()
         try:
             reply = self.chat.complete(system.text, [{"role": r, "content": p.text} for r, p in messages],
-                                       self.max_tokens)
+                                       self.max_tokens, deadline=self.deadline)
+        except NotSent:
+            raise  # nothing was sent: nothing to store
         except LLMError as e:
-            e.call_id = self._store(h, prompt, str(e), 0, 0, time.perf_counter() - start, 0.0, "error", task_id)
+            e.call_id = self._store(h, prompt, str(e), 0, 0, time.perf_counter() - start, e.usd, "error", task_id)
             raise
-        usd = self.price.cost(reply.tokens_in, reply.tokens_out)
-        with self._lock:
-            self.spent += usd
         refused = reply.stop_reason in ("refusal", "content_filter")
-        status = reply.stop_reason if refused else "ok" if reply.text.strip() else "empty"
-        return self._record(h, prompt, reply, usd, status, task_id, time.perf_counter() - start)
+        status = (reply.stop_reason if refused else "empty" if not reply.text.strip() else
+                  "truncated" if reply.truncated else "estimated" if reply.estimated else "ok")
+        return self._record(h, prompt, reply, reply.usd, status, task_id, time.perf_counter() - start)
 
     def _record(self, h: str, prompt: str, reply: Reply, usd: float, status: str, task_id: int | None,
                 latency: float) -> Answer:
@@ -113,9 +128,9 @@ class CallLog:
             e = LLMError(f"{self.spec.name} gave no kernel: "
                          + ("it refused" if status != "empty" else "the answer was empty")
                          + (f" ({reply.text.strip()[:200]!r})" if reply.text.strip() else ""))
-            e.call_id = call_id
+            e.call_id, e.status = call_id, Status.REFUSED
             raise e
-        source = {"cached": "cache", "replayed": "replay"}.get(status, "network")
+        source = {"cached": "cache", "replayed": "replay"}.get(status.removesuffix("-cut"), "network")
         return Answer(reply, source, usd, call_id)
 
     def _store(self, h: str, prompt: str, response: str, tokens_in: int, tokens_out: int, latency: float,
@@ -136,7 +151,6 @@ def _transcript(system: Prompt, messages: list[Message]) -> str:
     return "\n\n".join([f"## system\n{system.text}", *(f"## {role}\n{p.text}" for role, p in messages)])
 
 
-def replay_answers(store: Store, run_id: str) -> dict[str, str]:
-    """The answers a run received, by request hash (refusals and errors are not answers)."""
-    return {c.request_hash: c.response for c in store.llm_calls(run_id)
-            if c.status in ("ok", "cached", "replayed")}
+def replay_answers(store: Store, run_id: str) -> dict[str, tuple[str, str]]:
+    """The answers a run received, by request hash: (text, status); refusals and errors are not answers."""
+    return {c.request_hash: (c.response, c.status) for c in store.llm_calls(run_id) if c.status in ANSWERED}

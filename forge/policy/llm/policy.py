@@ -14,7 +14,9 @@ import itertools
 import logging
 import re
 import statistics
+import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,6 +25,7 @@ from forge.backends import BACKENDS, for_device
 from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, Status, TaskSpec
 from forge.policy.base import Policy
 from forge.policy.llm.cache import CallLog, Message
+from forge.policy.llm.limits import LLMError, quote
 from forge.policy.llm.parse import Malformed, parse_answer, prose
 from forge.policy.llm.prompts import (
     LANG,
@@ -35,7 +38,6 @@ from forge.policy.llm.prompts import (
     system_prompt,
     task_values,
 )
-from forge.policy.llm.providers import LLMError
 from forge.policy.llm.tune import variants
 from forge.policy.recipes.policy import RecipePolicy
 from forge.store import Store
@@ -46,6 +48,7 @@ _BUILD = {Status.BUILD_ERROR, Status.BAD_FORMAT} | {s for s in Status if s.value
 _FIRST_HINTS = ("", "Take a different approach from the most obvious one (another parallelisation or loop order).",
                 "Favour vectorised inner loops and as few passes over memory as possible.",
                 "Favour cache blocking and fusing all the work into a single pass.")
+_GRACE_S = 5.0  # render waits this long past the deadline for an answer (a request's timeout ends it first)
 _OPT_HINTS = ("Focus on memory traffic: fewer passes, wider and aligned accesses.",
               "Focus on parallelism and work distribution, and on vectorising the inner loops.",
               "Try a structurally different algorithm or blocking.")
@@ -120,6 +123,10 @@ class LLMPolicy(Policy):
         """Why the search must stop (the --max-usd budget is spent), or None."""
         return self.calls.budget_spent()
 
+    def until(self, deadline: float) -> None:
+        """Every request ends by the search's deadline (its timeout is the time left)."""
+        self.calls.deadline = deadline
+
     def close(self) -> None:
         """Drop requests not yet sent."""
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -153,8 +160,13 @@ class LLMPolicy(Policy):
         return [self._ask(spec, "repair-build" if status in _BUILD else "repair-wrong", node, node.rounds - 1)]
 
     def render(self, spec: TaskSpec, payload: Any) -> Candidate:
-        """The candidate an idea's answer gave (waits for it)."""
-        return self._nodes[payload.id].future.result()
+        """The candidate an idea's answer gave (waits for it, not much past the deadline)."""
+        future = self._nodes[payload.id].future
+        wait = None if self.calls.deadline is None else max(0.0, self.calls.deadline - time.monotonic()) + _GRACE_S
+        try:
+            return future.result(timeout=wait)
+        except futures.TimeoutError:
+            return NoKernel.because(self.backend, "no answer by the search's deadline", Status.PROVIDER_ERROR)
 
     def observe(self, spec: TaskSpec, payload: Any, cand: Candidate, res: EvalResult) -> None:
         """What the search measured for a node: the lineage later prompts show."""
@@ -195,7 +207,8 @@ class LLMPolicy(Policy):
 
         def never_sent(f: Future[None]) -> None:
             if f.cancelled() and not future.done():
-                future.set_result(NoKernel.because(self.backend, "the search ended before the request was sent"))
+                future.set_result(NoKernel.because(self.backend, "the search ended before the request was sent",
+                                                   Status.NOT_ASKED))
 
         self._pool.submit(run).add_done_callback(never_sent)
         return idea
@@ -204,6 +217,7 @@ class LLMPolicy(Policy):
         """Ask, parse, and give a malformed answer one repair turn; failures become NoKernel. The candidate
         names the stored calls it came from (`Candidate.llm_calls`: the search links them to its node)."""
         calls: list[int] = []
+        cut: list[str] = []  # answers cut before their end (max_tokens, the size cap)
 
         def ask(msgs: list[Message]) -> str:
             try:
@@ -212,9 +226,14 @@ class LLMPolicy(Policy):
                 calls.extend([e.call_id] if e.call_id is not None else [])
                 raise
             calls.extend([answer.call_id] if answer.call_id is not None else [])
+            if answer.reply.truncated:
+                cut.append(answer.reply.text)
             return answer.reply.text
 
         cand, summary = self._answer(messages, ask)
+        if cut and isinstance(cand, NoKernel) and cand.status is Status.BAD_FORMAT:
+            cand = NoKernel.because(self.backend, f"the answer was cut at max_tokens ({self.calls.max_tokens}) "
+                                    f"or the size cap before it held usable code; {cand.reason}", Status.TRUNCATED)
         return replace(cand, llm_calls=tuple(calls)), summary
 
     def _answer(self, messages: list[Message], ask: Callable[[list[Message]], str]) -> tuple[Candidate, str]:
@@ -226,7 +245,8 @@ class LLMPolicy(Policy):
                 first = e
             log.info("malformed answer, one repair turn: %s", first)
             fix = render("repair-format", reason=first, backend=self.backend, lang=LANG[self.backend])
-            messages = [*messages, ("assistant", Prompt(text, text)), ("user", fix)]
+            quoted = quote(text)  # a 2 MB answer is not sent back whole
+            messages = [*messages, ("assistant", Prompt(quoted, quoted)), ("user", fix)]
             text = ask(messages)
             try:
                 return parse_answer(text, self.backend), prose(text)
@@ -235,7 +255,7 @@ class LLMPolicy(Policy):
                     return e.candidate or first.candidate, prose(text)  # type: ignore[return-value]
                 return NoKernel.because(self.backend, f"malformed answer after one repair turn: {e}"), ""
         except LLMError as e:  # refusal, empty answer, provider failure, budget, replay miss: a failed node
-            return NoKernel.because(self.backend, str(e)), ""
+            return NoKernel.because(self.backend, str(e), e.status), ""
         except Exception as e:  # noqa: BLE001 - a bug here must not crash the search either
             log.exception("LLM request failed")
             return NoKernel.because(self.backend, f"{type(e).__name__}: {e}"), ""
@@ -321,6 +341,10 @@ class MixedPolicy(Policy):
     def stop_reason(self) -> str | None:
         """See LLMPolicy.stop_reason."""
         return self.llm.stop_reason()
+
+    def until(self, deadline: float) -> None:
+        """See LLMPolicy.until."""
+        self.llm.until(deadline)
 
     def close(self) -> None:
         """See LLMPolicy.close."""

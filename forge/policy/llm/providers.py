@@ -15,10 +15,21 @@ import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from forge.errors import UserError
+from forge.policy.llm.limits import (
+    CHECK_TIMEOUT_S,
+    MIN_REQUEST_S,
+    Ledger,
+    LLMError,  # noqa: F401 - re-exported: where the policy and the tests import it from
+    NotSent,
+    answer_cap,
+    estimate_tokens,
+    upper_tokens,
+)
+from forge.policy.llm.prices import Price
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +38,6 @@ KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY",
            "openai-compatible": "OPENAI_COMPATIBLE_API_KEY"}
 # scheme://host[:port][/path without colons]:MODEL (the model may contain colons: "qwen2.5-coder:7b")
 _COMPATIBLE = re.compile(r"^(https?://[^/:\s]+(?::\d+)?(?:/[^:\s]*)?):(\S+)$")
-
-
-class LLMError(Exception):
-    """A request that produced no usable answer (after its retries); inside the search, a failed node.
-    `call_id`: the stored call it came from, when it was stored (linked to the failed node)."""
-
-    call_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,22 @@ class ProviderSpec:
 
     @property
     def name(self) -> str:
-        """provider:model (no URL: the cache key and the run's policy name stay the same across servers)."""
-        return f"{self.provider}:{self.model}"
+        """What --policy says: provider:model, with the server's URL for openai-compatible (the run's policy
+        name, which --replay parses again; the cache key has no URL: the same model behind another server)."""
+        url = f"{self.base_url}:" if self.provider == "openai-compatible" and self.base_url else ""
+        return f"{self.provider}:{url}{self.model}"
+
+    @classmethod
+    def stored(cls, text: str) -> ProviderSpec:
+        """The spec of a stored run's policy name, for --replay: also the URL-less openai-compatible:MODEL that
+        runs stored before the URL was kept (a replay sends nothing, so it needs no URL)."""
+        try:
+            return cls.parse(text)
+        except ValueError:
+            provider, _, model = text.partition(":")
+            if provider == "openai-compatible" and model:
+                return cls(provider, model)
+            raise
 
     @property
     def key_env(self) -> str:
@@ -72,12 +90,19 @@ class ProviderSpec:
 
 @dataclass(frozen=True)
 class Reply:
-    """One answer: its text, the provider's token counts, and why generation stopped."""
+    """One answer: its text, the provider's token counts, why generation stopped, and what it cost."""
 
     text: str
     tokens_in: int
     tokens_out: int
-    stop_reason: str  # "stop" | "length" | "refusal" | "content_filter" | ...
+    stop_reason: str  # "stop" | "length" (cut: max_tokens or forge's size cap) | "refusal" | "content_filter" | ...
+    usd: float = 0.0
+    estimated: bool = False  # the provider gave no usage: the tokens are estimated from the text
+
+    @property
+    def truncated(self) -> bool:
+        """The answer was cut before its end."""
+        return self.stop_reason == "length"
 
 
 @dataclass(frozen=True)
@@ -87,7 +112,7 @@ class RetryConfig:
     attempts: int = 5  # requests per call, the first one included
     base_s: float = 1.0  # first backoff; doubles each retry, with jitter
     max_wait_s: float = 60.0  # longest single wait, retry-after included
-    timeout_s: float = 300.0  # per request
+    timeout_s: float = 300.0  # per request, at most: never past the deadline (forge.policy.base.Policy.until)
 
 
 def retry_after(headers: Any) -> float | None:
@@ -133,47 +158,103 @@ def _describe(e: Exception) -> str:
 
 
 class Chat:
-    """A chat client of one provider; subclasses send one request, this class retries."""
+    """A chat client of one provider; subclasses send one request, this class retries, bounds and prices."""
 
-    def __init__(self, spec: ProviderSpec, api_key: str, retry: RetryConfig) -> None:
+    def __init__(self, spec: ProviderSpec, api_key: str, retry: RetryConfig, price: Price | None = None,
+                 max_usd: float | None = None) -> None:
         self.spec = spec
         self.retry = retry
+        self.price = price or Price(0.0, 0.0)
+        self.ledger = Ledger(max_usd)
+        self.least_worst = 0.0  # the smallest worst case of a request so far (what the next one needs at least)
         self._client = self._make_client(api_key)  # the key lives in the client only
 
     def _make_client(self, api_key: str) -> Any:
         raise NotImplementedError
 
-    def _send(self, system: str, messages: list[dict[str, str]], max_tokens: int) -> Reply:
+    def _send(self, system: str, messages: list[dict[str, str]], max_tokens: int, timeout: float) -> Reply:
         raise NotImplementedError
 
-    def _list_models(self) -> None:
+    def _list_models(self, timeout: float) -> None:
         raise NotImplementedError
+
+    def stop_reason(self, max_tokens: int) -> str | None:
+        """Why no request may be sent any more (--max-usd has no room for one), or None."""
+        return self.ledger.stop_reason(max(self.least_worst, self.price.cost(0, max_tokens)))
 
     def complete(self, system: str, messages: list[dict[str, str]], max_tokens: int = 8192,
-                 sleep: Callable[[float], None] = time.sleep) -> Reply:
-        """One answer, retrying rate limits, timeouts, 5xx and unreadable bodies; raises LLMError."""
-        last = ""
+                 deadline: float | None = None, sleep: Callable[[float], None] = time.sleep) -> Reply:
+        """One answer, retrying rate limits, timeouts, 5xx and unreadable bodies; raises LLMError.
+
+        Each request waits at most until `deadline` (time.monotonic()), and its worst-case cost is reserved in
+        the ledger before it is sent (BudgetSpent when there is no room); a timed-out request counts at its
+        worst case (the provider may have billed it)."""
+        last, lost = "", 0.0
+        worst = self.price.cost(upper_tokens(system) + sum(upper_tokens(m["content"]) for m in messages), max_tokens)
+        self.least_worst = min(self.least_worst, worst) if self.least_worst else worst
         for attempt in range(self.retry.attempts):
+            timeout = self._timeout(deadline, attempt, last)
+            self.ledger.reserve(worst)
             try:
-                return self._send(system, messages, max_tokens)
+                reply = self._bounded(self._send(system, messages, max_tokens, timeout), system, messages, max_tokens)
             except Exception as e:  # noqa: BLE001 - every SDK fault is classified below
+                timed_out = "Timeout" in type(e).__name__
+                self.ledger.settle(worst, worst if timed_out else 0.0)
+                lost += worst if timed_out else 0.0
                 kind, asked = _classify(e)
                 last = _describe(e)
                 if kind == "auth":
-                    raise LLMError(f"{self.spec.provider} rejected the API key ({last.split(':')[0]})") from e
+                    raise _failed(f"{self.spec.provider} rejected the API key ({last.split(':')[0]})", lost) from e
                 if kind == "fatal" or attempt + 1 == self.retry.attempts:
                     break
-                backoff = self.retry.base_s * 2 ** attempt * (1 + 0.25 * random.random())
-                wait = min(self.retry.max_wait_s, asked if asked is not None else backoff)
+                wait = self._backoff(attempt, asked, deadline)
+                if wait is None:
+                    break
                 log.info("%s: %s; retry %d/%d in %.2f s", self.spec.name, last, attempt + 1,
                          self.retry.attempts - 1, wait)
                 sleep(wait)
-        raise LLMError(f"{self.spec.name}: no answer after {attempt + 1} request(s): {last}")
+                continue
+            self.ledger.settle(worst, reply.usd)
+            return replace(reply, usd=reply.usd + lost)
+        raise _failed(f"{self.spec.name}: no answer after {attempt + 1} request(s): {last}", lost)
+
+    def _timeout(self, deadline: float | None, attempt: int, last: str) -> float:
+        """This request's timeout: the configured one, cut to the time left; NotSent when too little is left."""
+        if deadline is None:
+            return self.retry.timeout_s
+        left = deadline - time.monotonic()
+        if left < MIN_REQUEST_S:
+            e = NotSent("the search's deadline came before the request was sent") if attempt == 0 else \
+                _failed(f"{self.spec.name}: no answer by the search's deadline after {attempt} request(s): {last}", 0.0)
+            raise e
+        return min(self.retry.timeout_s, left)
+
+    def _backoff(self, attempt: int, asked: float | None, deadline: float | None) -> float | None:
+        """Seconds to wait before the next attempt (retry-after, else exponential with jitter), or None when
+        the next attempt would start too near the deadline."""
+        backoff = self.retry.base_s * 2 ** attempt * (1 + 0.25 * random.random())
+        wait = min(self.retry.max_wait_s, asked if asked is not None else backoff)
+        if deadline is not None and time.monotonic() + wait > deadline - MIN_REQUEST_S:
+            return None
+        return wait
+
+    def _bounded(self, reply: Reply, system: str, messages: list[dict[str, str]], max_tokens: int) -> Reply:
+        """The reply priced, its usage estimated when the provider gave none (tokens < 0), cut at the size cap
+        or when it is longer than max_tokens (flagged as cut: stop_reason "length")."""
+        estimated = reply.tokens_in < 0 or reply.tokens_out < 0
+        tokens_in = reply.tokens_in if reply.tokens_in >= 0 else \
+            estimate_tokens(system) + sum(estimate_tokens(m["content"]) for m in messages)
+        tokens_out = reply.tokens_out if reply.tokens_out >= 0 else estimate_tokens(reply.text)
+        text, stop = reply.text, reply.stop_reason
+        if stop in ("max_tokens", "length") or len(text) > answer_cap(max_tokens) or tokens_out > max_tokens:
+            text, stop = text[:answer_cap(max_tokens)], "length"
+        return replace(reply, text=text, tokens_in=tokens_in, tokens_out=tokens_out, stop_reason=stop,
+                       usd=self.price.cost(tokens_in, tokens_out), estimated=estimated)
 
     def check(self) -> None:
         """One cheap request (list models) so a rejected key or a wrong URL fails before any search."""
         try:
-            self._list_models()
+            self._list_models(min(self.retry.timeout_s, CHECK_TIMEOUT_S))
         except Exception as e:  # noqa: BLE001
             kind, _ = _classify(e)
             where = self.spec.base_url or "its API"
@@ -181,6 +262,12 @@ class Chat:
                 raise UserError(f"{self.spec.provider} rejected the API key in {self.spec.key_env} "
                                 f"({_describe(e).split(':')[0]}): check the key") from None
             raise UserError(f"cannot reach {self.spec.provider} at {where}: {_describe(e)}") from None
+
+
+def _failed(message: str, usd: float) -> LLMError:
+    e = LLMError(message)
+    e.usd = usd
+    return e
 
 
 class OpenAIChat(Chat):
@@ -192,11 +279,12 @@ class OpenAIChat(Chat):
         return openai.OpenAI(api_key=api_key, base_url=self.spec.base_url, max_retries=0,
                              timeout=self.retry.timeout_s)
 
-    def _send(self, system: str, messages: list[dict[str, str]], max_tokens: int) -> Reply:
+    def _send(self, system: str, messages: list[dict[str, str]], max_tokens: int, timeout: float) -> Reply:
         # OpenAI's reasoning models take max_completion_tokens only; local servers know max_tokens best
         limit = {"max_completion_tokens" if self.spec.provider == "openai" else "max_tokens": max_tokens}
         resp = self._client.chat.completions.create(
-            model=self.spec.model, messages=[{"role": "system", "content": system}, *messages], **limit)
+            model=self.spec.model, messages=[{"role": "system", "content": system}, *messages], timeout=timeout,
+            **limit)
         if not resp.choices:
             return Reply("", _tokens(resp, "prompt_tokens"), _tokens(resp, "completion_tokens"), "empty")
         choice = resp.choices[0]
@@ -206,8 +294,8 @@ class OpenAIChat(Chat):
         return Reply(text or (refusal or ""), _tokens(resp, "prompt_tokens"), _tokens(resp, "completion_tokens"),
                      stop)
 
-    def _list_models(self) -> None:
-        self._client.models.list()
+    def _list_models(self, timeout: float) -> None:
+        self._client.models.list(timeout=timeout)
 
 
 class AnthropicChat(Chat):
@@ -219,29 +307,38 @@ class AnthropicChat(Chat):
         return anthropic.Anthropic(api_key=api_key, base_url=self.spec.base_url, max_retries=0,
                                    timeout=self.retry.timeout_s)
 
-    def _send(self, system: str, messages: list[dict[str, str]], max_tokens: int) -> Reply:
+    def _send(self, system: str, messages: list[dict[str, str]], max_tokens: int, timeout: float) -> Reply:
         resp = self._client.messages.create(model=self.spec.model, system=system, messages=messages,
-                                            max_tokens=max_tokens)
+                                            max_tokens=max_tokens, timeout=timeout)
         text = "".join(getattr(b, "text", "") for b in resp.content if getattr(b, "type", "") == "text")
         return Reply(text, _tokens(resp, "input_tokens"), _tokens(resp, "output_tokens"),
                      resp.stop_reason or "stop")
 
-    def _list_models(self) -> None:
-        self._client.models.list(limit=1)
+    def _list_models(self, timeout: float) -> None:
+        self._client.models.list(limit=1, timeout=timeout)
 
 
 def _tokens(resp: Any, field: str) -> int:
-    usage = getattr(resp, "usage", None)
-    return int(getattr(usage, field, 0) or 0)
+    """A usage count of the response; -1 when the provider reported none (Chat._bounded estimates it)."""
+    value = getattr(getattr(resp, "usage", None), field, None)
+    return int(value) if isinstance(value, (int, float)) else -1
 
 
-def connect(spec: ProviderSpec, retry: RetryConfig | None = None, check: bool = True) -> Chat:
-    """A client for the spec with the key from the environment; missing or rejected keys are UserErrors."""
+def connect(spec: ProviderSpec, retry: RetryConfig | None = None, check: bool = True, price: Price | None = None,
+            max_usd: float | None = None) -> Chat:
+    """A client for the spec with the key from the environment; missing or rejected keys are UserErrors.
+
+    Under `forge optimize` with keys in the environment the key holder is another process (forge.policy.llm.broker):
+    the client returned then sends its requests there and holds no key."""
+    from forge.policy.llm import broker
+
+    if broker.ENV in os.environ:
+        return broker.RemoteChat(spec, retry or RetryConfig(), price, max_usd)
     key = os.environ.get(spec.key_env, "")
     if not key and spec.provider != "openai-compatible":
         raise UserError(f"{spec.key_env} is not set: export it to use --policy {spec.name} (or use --replay RUN)")
     cls = AnthropicChat if spec.provider == "anthropic" else OpenAIChat
-    chat = cls(spec, key or "none", retry or RetryConfig())  # local servers take any key
+    chat = cls(spec, key or "none", retry or RetryConfig(), price, max_usd)  # local servers take any key
     if check:
         chat.check()
     return chat

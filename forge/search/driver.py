@@ -1,20 +1,20 @@
 """The search: for each task, an MCTS over a policy's candidates, judged by the evaluator, stored as it goes.
 
-The candidate budget goes where the possible gain is. First every searchable task (share of model time
-at least `min_share`, and the policy's) gets a probe: its first `min_per_task` candidates, biggest share
-first, which measure the task's eager time and its roofline floor. Then the rest of the budget is shared
-out in proportion to share x headroom, headroom = 1 - floor / eager (the fraction of the task's time a
-kernel at the floor would save), biggest weight first, at most `per_task` candidates a task; what a task
-leaves unused goes to the next. A task stops when it reaches its floor, stops improving (`patience`
-candidates without a better time), runs out of candidates, time or ideas, or when the policy has nothing
-for it ("not mine"); its stop reason says which.
+The candidate budget goes where the possible gain is. First every searchable task (share of model time at
+least `min_share`, and the policy's) gets a probe: its first `min_per_task` candidates (fewer when the probe
+would take more than half the budget: `probe_size`), biggest share first, which measure the task's eager time
+and its roofline floor. Then the rest of the budget is shared out in proportion to share x headroom, headroom
+= 1 - floor / eager (the fraction of the task's time a kernel at the floor would save), biggest weight first,
+at most `per_task` candidates a task; what a task leaves unused goes to the next. A task stops when it reaches
+its floor, stops improving (`patience` candidates without a better time), runs out of candidates, time or
+ideas, or when the policy has nothing for it ("not mine"); its stop reason says which.
 
-Every task is stored when the search starts, every candidate and evaluation the moment it exists, and
-the probe's weights and each task's candidate target when they are decided, so `resume=True` rebuilds
-every tree from the store (no node evaluated again) and continues where the run stopped.
+Every task is stored when the search starts, every candidate and evaluation the moment it exists, and the
+probe's weights and each task's candidate target when they are decided, so `resume=True` rebuilds every tree
+from the store (no node evaluated again) and continues where the run stopped.
 
-A policy that raises in `mine`, `propose`, `render` or `stop_reason` stops that task alone, with the stop reason
-`policy error: ...` (stored at once, so a resumed run does not retry it); the other tasks go on.
+A policy that raises in `mine`, `propose`, `render` or `stop_reason` stops that task alone, with the stop
+reason `policy error: ...` (stored at once, so a resumed run does not retry it); the other tasks go on.
 """
 
 from __future__ import annotations
@@ -23,17 +23,19 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from forge.confidence import noisy, speedup_ci
 from forge.evaluate.build import build
 from forge.evaluate.evaluator import Evaluator
-from forge.kernel import Candidate, EvalResult, Feedback, TaskSpec
+from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, TaskSpec
 from forge.policy.base import Policy
 from forge.progress import Progress
 from forge.search.confirm import Entry, decision, retimed, top
+from forge.search.dedup import Seen, duplicate
 from forge.search.mcts import FAIL, MCTS, Node, reward_of
+from forge.search.payloads import knobs_of, payload_of, policy_error
 from forge.search.recorder import NodeRow, Recorder, TaskRow
 from forge.tasks.cut import Task
 
@@ -73,33 +75,6 @@ class TaskOutcome:
     noisy: bool = False  # its timing (or its eager's) spread too far (forge.confidence.noisy)
 
 
-def knobs_of(payload: Any) -> dict[str, Any]:
-    """The stored form of a payload: a dataclass's fields, or {"payload": value} for anything else."""
-    if is_dataclass(payload) and not isinstance(payload, type):
-        return {f.name: getattr(payload, f.name) for f in fields(payload)}
-    if payload is None or isinstance(payload, (str, int, float, bool, list, dict)):
-        return {"payload": payload}
-    return {"payload": repr(payload), "restorable": False}
-
-
-def policy_error(e: BaseException) -> str:
-    """The stop reason of a task whose policy raised."""
-    return f"policy error: {type(e).__name__}: {e}"[:300]
-
-
-def payload_of(policy: Policy, spec: TaskSpec, knobs: dict[str, Any]) -> tuple[Any, bool]:
-    """(payload, restored) from stored knobs: the policy's `payload_of` if it has one, else JSON payloads.
-
-    `restored` is False when the payload cannot be re-created; the node then keeps its statistics but is
-    never expanded (its stored source still counts as a candidate).
-    """
-    try:
-        return policy.payload_of(spec, knobs), True
-    except Exception as e:  # noqa: BLE001 - any policy bug: the node is kept, not expanded
-        log.warning("policy %s cannot rebuild payload %s: %s: %s", policy.name, knobs, type(e).__name__, e)
-        return knobs, False
-
-
 class TaskSearch:
     """One task's tree, best kernel, eager time and floor: it can stop, wait for budget, and go on."""
 
@@ -122,6 +97,8 @@ class TaskSearch:
         self.stop: str | None = rec.stop_reason if rec.state == "done" else None
         self.meta: dict[str, Any] = dict(rec.meta)
         self.last_at: Any = None  # when its newest stored evaluation was made
+        self.seen = Seen()  # the task's evaluated sources, by normal digest: none is evaluated twice
+        self.repairs: list[Node] = []  # failed nodes the policy will repair on purpose, oldest first
 
     def start(self) -> None:
         """Record the root (the eager baseline) unless a recorded tree was restored."""
@@ -144,6 +121,7 @@ class TaskSearch:
             node.pruned = node.pruned or not ok
             tree_id[c.id], self.db_id[node.id] = node.id, c.id
             self.results[node.id] = c.result
+            self.seen.add(Candidate(c.backend, c.source, c.entry), c.id, c.result, node.reward)
             if c.evaluated_at is not None:
                 self.last_at = c.evaluated_at if self.last_at is None else max(self.last_at, c.evaluated_at)
             self._account(node.id, c.result, lambda c=c, payload=payload, ok=ok: self._candidate(c, payload, ok))
@@ -212,10 +190,11 @@ class TaskSearch:
             self.stop = self.stopped(deadline, budget)
             if self.stop:
                 break
-            # select + expand (the tree), then evaluate the batch: builds in parallel, timing one at a time
+            # select + expand (the tree; repairs first), then evaluate the batch: builds in parallel, timing one
+            # at a time; a source already evaluated is stored as a duplicate, not evaluated again
             try:  # the policy proposes (in expand) and renders: its exception is this task's failure, not the run's
-                nodes = [n for n in (self.tree.select() for _ in range(min(budget.parallel, until - self.tried)))
-                         if n]
+                nodes = self._pick(min(budget.parallel, until - self.tried))
+                self.policy.chosen(self.spec, [n.payload for n in nodes])
                 cands = [self.policy.render(self.spec, n.payload) for n in nodes]
             except Exception as e:  # noqa: BLE001 - any policy bug: stored as the stop reason, the run goes on
                 log.exception("policy %s failed on task %s", self.policy.name, self.task.key)
@@ -225,21 +204,53 @@ class TaskSearch:
             if not nodes:
                 self.stop = "exhausted (no more ideas)"
                 break
-            for node, cand, res in zip(nodes, cands, ev.evaluate_many(self.spec, cands),
-                                       strict=True):
-                self.tree.report(node, reward_of(res.speedup if res.status.passed else None))  # backpropagate
-                self._record(node, cand, res)
-                self._account(node.id, res, lambda cand=cand: cand)
-                try:  # feedback for policies that learn from outcomes (LLMs)
-                    self.policy.observe(self.spec, node.payload, cand, res)
-                except Exception:  # noqa: BLE001 - lost feedback, not a lost run
-                    log.exception("policy %s failed to observe a result of task %s", self.policy.name,
-                                  self.task.key)
+            self._evaluate(nodes, cands, ev)
             self.progress.task(self.task.key, self.tried, self.speedup)
         if self.stop is None:
             self.stop = self.stopped(deadline, budget)
         if self.stop is not None:
             self.halt(self.stop)
+
+    def _pick(self, n: int) -> list[Node]:
+        """Up to n new nodes: repairs of failed nodes the policy asked for, then UCT's selections."""
+        nodes: list[Node] = []
+        while self.repairs and len(nodes) < n:
+            child = self.tree.expand(self.repairs.pop(0))
+            if child is not None:
+                nodes.append(child)
+        return nodes + [c for c in (self.tree.select() for _ in range(n - len(nodes))) if c]
+
+    def _evaluate(self, nodes: list[Node], cands: list[Candidate], ev: Evaluator) -> None:
+        """Evaluate the batch's new sources; record every node (a duplicate with its original's reward)."""
+        fresh, dups, firsts = [], [], {}
+        for node, cand in zip(nodes, cands, strict=True):
+            key = cand.normal_digest
+            if isinstance(cand, NoKernel) or (key not in firsts and self.seen.get(cand) is None):
+                fresh.append((node, cand))
+                firsts.setdefault(key, node)
+            else:
+                dups.append((node, cand))
+        results = ev.evaluate_many(self.spec, [c for _, c in fresh]) if fresh else []
+        for (node, cand), res in zip(fresh, results, strict=True):
+            self.tree.report(node, reward_of(res.speedup if res.status.passed else None))  # backpropagate
+            self._done(node, cand, res)
+            self.seen.add(cand, self.db_id[node.id], res, node.reward)
+        for node, cand in dups:
+            first = self.seen.get(cand)
+            assert first is not None
+            self.tree.report(node, first.reward if first.reward is not None else FAIL)
+            self._done(node, cand, duplicate(first))
+
+    def _done(self, node: Node, cand: Candidate, res: EvalResult) -> None:
+        """Record one node's result, count it, tell the policy, and queue it for repair if the policy asks."""
+        self._record(node, cand, res)
+        self._account(node.id, res, lambda cand=cand: cand)
+        try:  # feedback for policies that learn from outcomes (LLMs)
+            self.policy.observe(self.spec, node.payload, cand, res)
+            if not res.status.passed and self.policy.repairable(self.spec, node.payload, res):
+                self.repairs.append(node)
+        except Exception:  # noqa: BLE001 - lost feedback, not a lost run
+            log.exception("policy %s failed to observe a result of task %s", self.policy.name, self.task.key)
 
     def feedback(self, node: Node) -> Feedback:
         """The node's evaluation and the task's statistics, for the policy expanding it."""
@@ -334,20 +345,29 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
     def left() -> int:
         return budget.candidates - sum(s.tried for s in states)
 
-    # probe: each task's first candidates, biggest share first
+    # probe: each task's first candidates, biggest share first, at most half the budget in all
+    probe = probe_size(budget, len(states))
     for s in states:
-        if s.stop is None and s.tried < budget.min_per_task:
+        if s.stop is None and s.tried < probe:
             if left() <= 0:
                 s.halt("run budget spent")
                 continue
             s.start()
-            s.run(min(budget.min_per_task, s.tried + left()), ev, deadline, budget)
+            s.run(min(probe, s.tried + left()), ev, deadline, budget)
     shown.stage("search")
     _deepen([s for s in states if s.stop is None], states, left, ev, deadline, budget)
     until = deadline + max(2.0, 0.1 * budget.seconds)  # the re-timing's share, past the search's deadline
     for s in states:
         out[s.task.key] = s.finish(ev, "run budget spent", until)
     return [out[t.key] for t in ranked]
+
+
+def probe_size(budget: Budget, tasks: int) -> int:
+    """Candidates each task gets in the probe: `min_per_task`, fewer when the probe would take more than half
+    of the candidate budget (at --budget 24 over 6 tasks, 2 each), and at least one."""
+    if tasks <= 0:
+        return budget.min_per_task
+    return max(1, min(budget.min_per_task, budget.candidates // (2 * tasks)))
 
 
 def _not_searched(t: Task, rec: TaskRow, policy: Policy, recorder: Recorder, budget: Budget) -> TaskOutcome | None:

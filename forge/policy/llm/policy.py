@@ -264,7 +264,9 @@ class LLMPolicy(Policy):
         common = {"task": task_context(spec, tl.eager_us, tl.floor_us), "device": device_facts(self.device),
                   "lineage": self._lineage(spec, parent, node), "lang": LANG[self.backend], "backend": self.backend}
         if kind == "first":
-            return render("first", **common, variation=_FIRST_HINTS[variant % len(_FIRST_HINTS)])
+            hint = _FIRST_HINTS[variant % len(_FIRST_HINTS)]  # every first prompt its own: no two cached alike
+            hint += f" (Attempt {variant + 1} at this task.)" if variant >= len(_FIRST_HINTS) else ""
+            return render("first", **common, variation=hint)
         assert parent is not None and parent.result is not None
         res, code = parent.result, parent.future.result().source.strip()
         if kind == "repair-build":

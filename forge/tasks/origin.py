@@ -12,6 +12,7 @@ import importlib
 import inspect
 import logging
 import sys
+import textwrap
 from collections import Counter
 
 import torch.fx
@@ -33,7 +34,7 @@ def origin(nodes: list[torch.fx.Node]) -> tuple[str, str]:
     if cls is None:
         return where, ""
     try:
-        return where, inspect.getsource(cls.forward)[:LIMIT]
+        return where, textwrap.dedent(inspect.getsource(cls.forward))[:LIMIT]
     except (OSError, TypeError) as e:  # defined in a REPL, or a C extension
         log.debug("no source for %s: %s", name, e)
         return where, ""

@@ -94,7 +94,7 @@ def tensors(metas: tuple) -> list[dict[str, Any]]:
 
 
 def _us(value: float | None) -> str:
-    return measured(f"{value:.2f}") if value else "not measured yet"
+    return f"{measured(f'{value:.2f}')} us" if value else "not measured yet"
 
 
 def task_context(spec: TaskSpec, eager_us: float | None = None, floor_us: float | None = None) -> dict[str, Any]:

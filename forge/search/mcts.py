@@ -5,9 +5,9 @@ Each node holds one candidate (an opaque payload: source, knobs, ...); the root 
 reward: `reward = log(speedup)` for a correct candidate, FAIL for a rejected one.
 
 One step is: select (walk down by UCT, stopping where progressive widening allows a new child), expand
-(take the node's next proposal; `expand(node)` does it at a node the caller picks: a failed one to repair),
-evaluate (the caller's job; virtual loss marks the path meanwhile so parallel selections spread out), backpropagate (visits, value, best; prune subtrees that stopped
-improving).
+(take the node's next proposal; `expand(node)` does it at a node the caller picks: a failed one to
+repair), evaluate (the caller's job; virtual loss marks the path meanwhile so parallel selections spread
+out), backpropagate (visits, value, best; prune subtrees that stopped improving).
 """
 
 from __future__ import annotations

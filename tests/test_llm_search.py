@@ -327,3 +327,41 @@ def test_cli_optimize_through_openai_then_replay_without_network_or_key(tmp_path
     for f in tmp_path.rglob("*"):
         if f.is_file():
             assert SECRET.encode() not in f.read_bytes(), f
+
+
+def bank(prompt: str) -> list[Step]:
+    """A fixed bank: first attempts are wrong (the tail), not compiling, or correct; a repair is told where the
+    output is wrong (the tail) or what the compiler said, and answers the correct kernel; optimize: the fast one."""
+    if "tail only" in prompt or "by the compiler" in prompt:
+        return [Step(code("good", "Fixed the remainder."))]
+    if "Make it faster" in prompt:
+        return [Step(code("faster", "Vectorised."))]
+    if "different approach" in prompt:
+        return [Step(code("broken"))]
+    if "vectorised inner loops" in prompt:
+        return [Step(code("tail"))]
+    return [Step(code("good"))]
+
+
+def test_a_bank_of_kernels_finds_the_fast_one_within_the_default_budget_evaluating_no_source_twice(
+        tasks, ev, tmp_path):
+    store = Store(tmp_path / "forge.db")
+    with FakeLLM(bank) as server:
+        pol = make_llm_policy(f"openai-compatible:{server.url}/v1:fake-coder", "cpu", store=store, retry=RETRY)
+        run, outcomes = run_search(pol, tasks, ev, store, replace(Budget(), min_share=0.0))
+        prompts = [s.prompt for s in server.completions()]
+    got = statuses(store, run)
+    # both correct kernels were found and evaluated once each; the decision is one of them (which one, and whether
+    # it beats eager enough to ship, is the timing's call: the two are close, and a loaded runner is noisy)
+    task = store.get_tasks(run)[0]
+    cands = store.candidates(task.id)
+    ok = sorted(c.source for c in cands if c.status == "ok" and c.parent_id is not None)
+    assert ok == sorted([KERNELS["good"], KERNELS["faster"]])
+    best = next(c for c in cands if c.id == task.meta["best_node"])
+    assert outcomes[0].best_us is not None and best.source in (KERNELS["good"], KERNELS["faster"])
+    assert outcomes[0].best is None or outcomes[0].best.source == best.source
+    assert {"wrong_result", "build_error", "duplicate"} <= set(got)
+    assert any("tail only" in p and "expected" in p for p in prompts)  # the repair saw where it was wrong
+    assert_no_source_evaluated_twice(store, run)
+    calls = store.llm_calls(run)
+    assert len(calls) == len(prompts) and all(c.candidate_id is not None for c in calls)  # each paid answer: a node

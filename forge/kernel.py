@@ -12,6 +12,7 @@ The harness allocates every output; a candidate only writes into it.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -61,6 +62,8 @@ class Status(str, Enum):
     REFERENCE_ERROR = "reference_error"  # the reference itself failed on the generated inputs
     # Benchmarking (forge.bench):
     TOO_FAST = "too_fast"  # faster than the roofline floor allows: not doing the work
+    # The search (forge.search.driver):
+    DUPLICATE = "duplicate"  # the same source as an earlier node of the task (comments, spacing aside): not evaluated
 
     @property
     def passed(self) -> bool:
@@ -100,6 +103,26 @@ class Candidate:
         h = hashlib.sha256(f"{self.backend}\0{self.entry}\0{' '.join(self.flags)}\0".encode())
         h.update(self.source.encode())
         return h.hexdigest()[:16]
+
+    @property
+    def normal_digest(self) -> str:
+        """Content hash with comments and whitespace left out: two candidates with the same one are the same
+        kernel (the search evaluates it once)."""
+        h = hashlib.sha256(f"{self.backend}\0{self.entry}\0{' '.join(self.flags)}\0".encode())
+        h.update(normal_form(self.source, _backend(self.backend).comment).encode())
+        return h.hexdigest()[:16]
+
+
+_BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.S)
+
+
+def normal_form(source: str, comment: str) -> str:
+    """A source without comments (`comment`: the line comment, "//" or "#"; C block comments for "//") and
+    with every run of whitespace one space."""
+    if comment == "//":
+        source = _BLOCK_COMMENT.sub(" ", source)
+    source = re.sub(rf"{re.escape(comment)}[^\n]*", " ", source)
+    return " ".join(source.split())
 
 
 @dataclass(frozen=True)
@@ -145,11 +168,17 @@ class TaskSpec:
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta, ...]
     floor_bytes: int = 0  # bytes the task must move at least (roofline floor)
+    module: str = ""  # the user's module it came from, "path (Class)" (forge.tasks.origin)
+    module_source: str = ""  # that module's forward source (what a prompt shows)
+    eager_us: float | None = None  # one occurrence's time in the profile
+    share: float | None = None  # of the model's time
 
     @classmethod
     def of(cls, task: Any) -> TaskSpec:
         """The spec of a forge.tasks.cut.Task."""
-        return cls(task.key, task.source, task.inputs, task.outputs, task.bytes)
+        eager = task.ms * 1e3 / max(task.count, 1) if getattr(task, "ms", None) else None
+        return cls(task.key, task.source, task.inputs, task.outputs, task.bytes, getattr(task, "module", ""),
+                   getattr(task, "module_source", ""), eager, getattr(task, "share", None))
 
 
 @dataclass(frozen=True)

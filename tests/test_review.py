@@ -81,7 +81,8 @@ def test_runs_tree_and_show_in_the_terminal(rs, capsys, wide):
     assert main(["show", rs.run_id, f"#{rs.hostile_id}", "--db", str(rs.db)]) == 0
     out = capsys.readouterr().out
     for text in ('<script>alert("source")</script>', "diff against parent", f"+++ #{rs.hostile_id}", HOSTILE_LOG,
-                 "prompt", "alert('answer')", "LLM call test:hostile"):
+                 "prompt", "alert('answer')", "LLM call test:hostile", "120 in, 80 out, $0.0125, 1.5 s",
+                 "code taken from the answer"):
         assert text in out, text
 
 
@@ -114,6 +115,10 @@ def test_report_writes_json_and_a_self_contained_html(rs, tmp_path, capsys, wide
     assert page.count("<svg") == 4  # end to end, op families, best so far against candidates and wall time
     assert all(t["key"] in page for t in data["tasks"])
     assert "<script" not in page and "<link" not in page and " src=" not in page
+    # every LLM call: tokens, cost, latency, and (folded) its prompt, answer and the code its node took, escaped
+    calls = page.split("<h2>LLM calls</h2>", 1)[1]
+    assert "$0.0125" in calls and "1.5 s" in calls and f"#{rs.hostile_id}" in calls
+    assert "alert(&#39;prompt&#39;)" in calls and "alert(&#39;answer&#39;)" in calls and "Code taken" in calls
     assert set(re.findall(r"https?://[^\s\"'<>]+", page)) == {"http://www.w3.org/2000/svg"}  # a namespace only
 
 

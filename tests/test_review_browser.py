@@ -76,6 +76,8 @@ def test_script_in_a_candidate_renders_as_text(rs, ui, page):
     panel = page.inner_text("#panel")
     assert "<img src=x onerror=alert(\"message\")>" in panel and "alert('log')" in panel
     assert "<script>alert('prompt')</script>" in panel and "alert('answer')" in panel
+    assert "$0.0125, 1.5 s" in panel and "Code taken from the answer" in panel  # tokens, cost, latency, the code
+    assert page.inner_text("#panel pre.taken").strip() == HOSTILE_SOURCE.strip()
     assert page.locator("#panel script, #panel img, #panel b, #panel i").count() == 0
     assert "build_error" in page.text_content(f"#tree .node[data-id='{rs.hostile_id}'] text")
     assert not page.dialogs and not page.outside

@@ -53,7 +53,8 @@ class Synthetic(Policy):
         return [n, n + 1, n + 2]
 
     def render(self, spec: TaskSpec, payload: int) -> Candidate:
-        return Candidate("cpu", SOURCE)
+        return Candidate("cpu", SOURCE + f"static const int variant = {payload};\n")  # a kernel of its own each
+
 
     def evaluate_many(self, spec: TaskSpec, cands: list[Candidate], seed: int = 0) -> Iterator[EvalResult]:
         eager, floor, gain = self.tasks[spec.key]

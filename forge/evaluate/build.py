@@ -70,7 +70,8 @@ def arch_flags(arch: str) -> list[str]:
     return [f"-arch={arch}"]
 
 
-_STEPS = "compile, then link without the candidate's flags"  # in the key: a change of steps is a new build
+# in the key: a change of steps is a new build
+_STEPS = "compile with the optimisation report, then link without the candidate's flags"
 
 
 def commands(candidate: Candidate, src: Path, out: Path, arch: str | None) -> list[list[str]]:
@@ -78,14 +79,24 @@ def commands(candidate: Candidate, src: Path, out: Path, arch: str | None) -> li
     object with the candidate's flags and linked without them: linking with -ffast-math would add GCC's
     crtfastmath constructor, which sets flush-to-zero for the whole process that loads the library (the
     user's, at dispatch)."""
-    path, _ = compiler(candidate.backend)
+    path, version = compiler(candidate.backend)
     if BACKENDS[candidate.backend].device == "cpu":
         obj = out.with_suffix(".o")
         return [[path, "-x", "c++", "-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-c",
-                 f"-I{ABI_DIR}", *candidate.flags, "-o", str(obj), str(src)],
+                 f"-I{ABI_DIR}", *report_flags(version), *candidate.flags, "-o", str(obj), str(src)],
                 [path, "-shared", "-fopenmp", "-o", str(out), str(obj)]]
-    return [[path, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+    return [[path, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
              *arch_flags(arch or "sm_90"), f"-I{ABI_DIR}", *candidate.flags, "-o", str(out), str(src)]]
+
+
+def report_flags(version: str) -> list[str]:
+    """The compiler's vectorisation report (which loops were vectorised, which not and why), into the build
+    log: GCC's -fopt-info, Clang's -Rpass; nothing for another compiler."""
+    if "clang" in version.lower():
+        return ["-Rpass=loop-vectorize", "-Rpass-missed=loop-vectorize"]
+    if "g++" in version or "gcc" in version.lower():
+        return ["-fopt-info-vec-optimized-missed"]
+    return []
 
 
 def build_key(candidate: Candidate, arch: str | None) -> str:

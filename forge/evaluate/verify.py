@@ -22,6 +22,7 @@ inputs the reference reads, the copies they are compared with and every verdict 
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import re
@@ -35,6 +36,7 @@ import torch
 
 from forge.capture.export import TensorMeta, output_view
 from forge.evaluate.integers import integers, signed_inputs
+from forge.evaluate.mismatch import Mismatch, mismatch
 from forge.kernel import Status
 from forge.tasks.cut import compile_source
 from forge.tolerance import rel_error, tolerance
@@ -46,6 +48,7 @@ _POISON = {torch.float32: (torch.int32, 0x7FC0DEAD), torch.float16: (torch.int16
            torch.int64: (torch.int64, 0x5A5A5A5A5A5A5A5A), torch.int32: (torch.int32, 0x5A5A5A5A),
            torch.int16: (torch.int16, 0x5A5A), torch.int8: (torch.int8, 0x5A), torch.uint8: (torch.uint8, 0x5A),
            torch.bool: (torch.uint8, 0x5A)}
+log = logging.getLogger(__name__)
 _HIGHER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64}
 
 
@@ -56,6 +59,7 @@ class Verdict:
     status: Status
     message: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
+    mismatch: Mismatch | None = None  # where a wrong output is wrong (forge.evaluate.mismatch)
 
 
 _NAN = {torch.float32: (torch.int32, 0x7FC00000, 22), torch.float16: (torch.int16, 0x7E00, 9),
@@ -286,6 +290,8 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
             prev = None if previous is None else (previous[i], *ref_prev[i])
             bad = _judge_output(f"output {i} ({m.short()})", o, e, h, m, finite, prev, row, f"set {k}", i)
             if bad is not None:
+                if bad.mismatch is not None:
+                    detail["mismatch"] = {**bad.mismatch.as_dict(), "set": k}
                 return replace(bad, detail=detail)
         previous = [o.tensor.clone() for o in outs]
         ref_prev = list(zip(eager, masks, strict=True))
@@ -308,13 +314,26 @@ def _judge_output(name: str, o: Guarded, eager: torch.Tensor, high: torch.Tensor
         return Verdict(Status.PARTIAL_WRITE, f"{name}: {int(left.sum())} of {meta.numel} elements never written")
     bad = nonfinite(name, out, finite)
     if bad is not None:
-        return bad
+        return _with_mismatch(bad, i, out, high, finite, tolerance(meta.dtype).kernel)
     if prev is not None and _stale(out, eager, finite, *prev):
         return Verdict(Status.STALE_RESULT, f"{name}: same output as for the previous, different inputs "
                        "(a cached result)")
     if _constant(out, eager, finite):
         return Verdict(Status.CONSTANT_OUTPUT, f"{name}: every judged element is {_span(out, finite)[0].item()}")
-    return within_tolerance(name, out, eager, high, finite, meta.dtype, row, where, i)
+    bad = within_tolerance(name, out, eager, high, finite, meta.dtype, row, where, i)
+    return _with_mismatch(bad, i, out, high if out.is_floating_point() else eager, finite, row.get(f"tol{i}"))
+
+
+def _with_mismatch(bad: Verdict | None, i: int, out: torch.Tensor, ref: torch.Tensor, finite: torch.Tensor,
+                   tol: float | None) -> Verdict | None:
+    """A wrong-value verdict with where the output is wrong; any other verdict as it is."""
+    if bad is None or bad.status not in (Status.NONFINITE, Status.WRONG_RESULT, Status.LOW_PRECISION):
+        return bad
+    try:
+        return replace(bad, mismatch=mismatch(i, out, ref, finite, tol if out.is_floating_point() else None))
+    except Exception:  # noqa: BLE001 - the summary is a help for the next prompt, never a reason to fail
+        log.exception("mismatch summary failed")
+        return bad
 
 
 def _stale(out: torch.Tensor, eager: torch.Tensor, finite: torch.Tensor, out_prev: torch.Tensor,

@@ -4,9 +4,9 @@ Interface (the base class `Policy`): `propose(spec, parent, feedback) -> list[pa
 below a tree node (`parent` is None at the root: the eager baseline), and `render(spec, payload) -> Candidate`
 turns an idea into source. `payload_of(spec, knobs) -> payload` turns the knobs stored for a candidate back
 into its payload, so `forge optimize --resume` can rebuild a search tree (by default only JSON payloads can
-be rebuilt; see forge.search.driver); `observe`, `stop_reason`, `bind`, `until` and `close` are hooks that do nothing by
-default. The offline recipe policy (the default) is forge.policy.recipes.policy; the language-model ones are in
-forge.policy.llm.
+be rebuilt; see forge.search.driver); `chosen`, `repairable`, `observe`, `stop_reason`, `bind`, `until` and
+`close` are hooks that do nothing by default. The offline recipe policy (the default) is
+forge.policy.recipes.policy; the language-model ones are in forge.policy.llm.
 """
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ class Policy(ABC):
         if set(knobs) == {"payload"}:
             return knobs["payload"]
         raise ValueError(f"not a stored payload: {knobs}")
+
+    def chosen(self, spec: TaskSpec, payloads: list[Any]) -> None:
+        """The payloads the search renders and evaluates next, before any `render`: a policy that pays per
+        proposal (an LLM request) starts the work of these now, and only of these."""
+        return None
+
+    def repairable(self, spec: TaskSpec, payload: Any, res: Any) -> bool:
+        """True if a failed node (its EvalResult `res`) is worth a repair turn now: the search then expands it
+        on purpose, since UCT alone rarely comes back to a failed node. False by default."""
+        return False
 
     def observe(self, spec: TaskSpec, payload: Any, cand: Candidate, res: Any) -> None:
         """A candidate's evaluation result (an EvalResult), for policies that learn from outcomes."""

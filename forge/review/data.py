@@ -289,6 +289,18 @@ class RunView:
 
     summary: RunSummary
     tasks: tuple[TaskView, ...]  # biggest share first
+    calls: tuple[LLMCallRecord, ...] = ()  # the run's LLM calls, oldest first
+
+    def call_rows(self) -> list[tuple[LLMCallRecord, str, str, str]]:
+        """(call, task key, node label, the code its node took) for every LLM call, oldest first."""
+        by_task = {t.task.id: t for t in self.tasks}
+        out = []
+        for c in self.calls:
+            t = by_task.get(c.task_id) if c.task_id is not None else None
+            node = next((n.cand for n in t.nodes if n.cand.id == c.candidate_id), None) if t else None
+            out.append((c, t.task.key if t else "-", f"#{c.candidate_id}" if c.candidate_id else "-",
+                        node.source if node is not None else ""))
+        return out
 
     @property
     def run(self) -> RunRecord:
@@ -339,7 +351,7 @@ class RunView:
 def run_view(store: Store, run: RunRecord) -> RunView:
     """Gather a run's summary and every task's tree."""
     tasks = sorted(store.get_tasks(run.id), key=lambda t: -(t.share or 0.0))
-    return RunView(summarize(store, run), tuple(task_view(store, t) for t in tasks))
+    return RunView(summarize(store, run), tuple(task_view(store, t) for t in tasks), tuple(store.llm_calls(run.id)))
 
 
 # -- one node -------------------------------------------------------------------------------------

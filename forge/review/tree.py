@@ -119,6 +119,8 @@ def print_node(d: NodeDetail, console: Console | None = None) -> None:
                                   Text(c.response)),
                             title=Text(f"LLM call {c.provider}:{c.model} ({c.status}, {c.tokens_in} in, "
                                        f"{c.tokens_out} out, ${c.usd:.4f}, {c.latency_s:.1f} s)"), title_align="left"))
+    if d.llm_calls:
+        console.print(panel(source, title="code taken from the answer", title_align="left"))
 
 
 def _verify(v: dict) -> Table | Text:

@@ -1,20 +1,20 @@
 """The search: for each task, an MCTS over a policy's candidates, judged by the evaluator, stored as it goes.
 
-The candidate budget goes where the possible gain is. First every searchable task (share of model time
-at least `min_share`, and the policy's) gets a probe: its first `min_per_task` candidates, biggest share
-first, which measure the task's eager time and its roofline floor. Then the rest of the budget is shared
-out in proportion to share x headroom, headroom = 1 - floor / eager (the fraction of the task's time a
-kernel at the floor would save), biggest weight first, at most `per_task` candidates a task; what a task
-leaves unused goes to the next. A task stops when it reaches its floor, stops improving (`patience`
-candidates without a better time), runs out of candidates, time or ideas, or when the policy has nothing
-for it ("not mine"); its stop reason says which.
+The candidate budget goes where the possible gain is. First every searchable task (share of model time at
+least `min_share`, and the policy's) gets a probe: its first `min_per_task` candidates (fewer when the probe
+would take more than half the budget: `probe_size`), biggest share first, which measure the task's eager time
+and its roofline floor. Then the rest of the budget is shared out in proportion to share x headroom, headroom
+= 1 - floor / eager (the fraction of the task's time a kernel at the floor would save), biggest weight first,
+at most `per_task` candidates a task; what a task leaves unused goes to the next. A task stops when it reaches
+its floor, stops improving (`patience` candidates without a better time), runs out of candidates, time or
+ideas, or when the policy has nothing for it ("not mine"); its stop reason says which.
 
-Every task is stored when the search starts, every candidate and evaluation the moment it exists, and
-the probe's weights and each task's candidate target when they are decided, so `resume=True` rebuilds
-every tree from the store (no node evaluated again) and continues where the run stopped.
+Every task is stored when the search starts, every candidate and evaluation the moment it exists, and the
+probe's weights and each task's candidate target when they are decided, so `resume=True` rebuilds every tree
+from the store (no node evaluated again) and continues where the run stopped.
 
-A policy that raises in `mine`, `propose`, `render` or `stop_reason` stops that task alone, with the stop reason
-`policy error: ...` (stored at once, so a resumed run does not retry it); the other tasks go on.
+A policy that raises in `mine`, `propose`, `render` or `stop_reason` stops that task alone, with the stop
+reason `policy error: ...` (stored at once, so a resumed run does not retry it); the other tasks go on.
 """
 
 from __future__ import annotations
@@ -24,18 +24,20 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from forge.confidence import noisy, speedup_ci
 from forge.evaluate.build import build
 from forge.evaluate.evaluator import BaseEvaluator as Evaluator  # local workers or a Ray cluster
-from forge.kernel import Candidate, EvalResult, Feedback, TaskSpec
+from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, TaskSpec
 from forge.policy.base import Policy
 from forge.progress import Progress
 from forge.search.confirm import Entry, decision, retimed, top
+from forge.search.dedup import Seen, duplicate
 from forge.search.mcts import FAIL, MCTS, Node, reward_of
-from forge.search.probe import bandwidth_of, probe, searched_before
+from forge.search.payloads import knobs_of, payload_of, policy_error
+from forge.search.probe import bandwidth_of, probe, probe_size, searched_before
 from forge.search.recorder import NodeRow, Recorder, TaskRow
 from forge.tasks.cut import Task
 
@@ -75,33 +77,6 @@ class TaskOutcome:
     noisy: bool = False  # its timing (or its eager's) spread too far (forge.confidence.noisy)
 
 
-def knobs_of(payload: Any) -> dict[str, Any]:
-    """The stored form of a payload: a dataclass's fields, or {"payload": value} for anything else."""
-    if is_dataclass(payload) and not isinstance(payload, type):
-        return {f.name: getattr(payload, f.name) for f in fields(payload)}
-    if payload is None or isinstance(payload, (str, int, float, bool, list, dict)):
-        return {"payload": payload}
-    return {"payload": repr(payload), "restorable": False}
-
-
-def policy_error(e: BaseException) -> str:
-    """The stop reason of a task whose policy raised."""
-    return f"policy error: {type(e).__name__}: {e}"[:300]
-
-
-def payload_of(policy: Policy, spec: TaskSpec, knobs: dict[str, Any]) -> tuple[Any, bool]:
-    """(payload, restored) from stored knobs: the policy's `payload_of` if it has one, else JSON payloads.
-
-    `restored` is False when the payload cannot be re-created; the node then keeps its statistics but is
-    never expanded (its stored source still counts as a candidate).
-    """
-    try:
-        return policy.payload_of(spec, knobs), True
-    except Exception as e:  # noqa: BLE001 - any policy bug: the node is kept, not expanded
-        log.warning("policy %s cannot rebuild payload %s: %s: %s", policy.name, knobs, type(e).__name__, e)
-        return knobs, False
-
-
 class TaskSearch:
     """One task's tree, best kernel, eager time and floor: it can stop, wait for budget, and go on."""
 
@@ -125,6 +100,8 @@ class TaskSearch:
         self.meta: dict[str, Any] = dict(rec.meta)
         self.last_at: Any = None  # when its newest stored evaluation was made
         self.lock: threading.RLock = threading.RLock()  # search() gives the tasks probed at once one lock
+        self.seen = Seen()  # the task's evaluated sources, by normal digest: none is evaluated twice
+        self.repairs: list[Node] = []  # failed nodes the policy will repair on purpose, oldest first
 
     def start(self) -> None:
         """Record the root (the eager baseline) unless a recorded tree was restored."""
@@ -147,6 +124,7 @@ class TaskSearch:
             node.pruned = node.pruned or not ok
             tree_id[c.id], self.db_id[node.id] = node.id, c.id
             self.results[node.id] = c.result
+            self.seen.add(Candidate(c.backend, c.source, c.entry), c.id, c.result, node.reward)
             if c.evaluated_at is not None:
                 self.last_at = c.evaluated_at if self.last_at is None else max(self.last_at, c.evaluated_at)
             self._account(node.id, c.result, lambda c=c, payload=payload, ok=ok: self._candidate(c, payload, ok))
@@ -219,10 +197,7 @@ class TaskSearch:
             if batch is None:
                 break
             nodes, cands = batch
-            # evaluate the batch: builds in parallel, timing one at a time on each worker (outside the lock)
-            for node, cand, res in zip(nodes, cands, ev.evaluate_many(self.spec, cands), strict=True):
-                with self.lock:
-                    self._take(node, cand, res)
+            self._evaluate(nodes, cands, ev)  # outside the lock but for the bookkeeping
             with self.lock:
                 self.progress.task(self.task.key, self.tried, self.speedup)
         with self.lock:
@@ -232,12 +207,14 @@ class TaskSearch:
                 self.halt(self.stop)
 
     def _select(self, until: int, deadline: float, budget: Budget) -> tuple[list[Node], list[Candidate]] | None:
-        """select + expand (the tree) a batch and render it; None when the task stops (`self.stop` says why)."""
+        """select + expand (the tree; repairs first) a batch and render it; None when the task stops
+        (`self.stop` says why). A request of an LLM policy is sent only now, for the nodes chosen."""
         self.stop = self.stopped(deadline, budget)
         if self.stop:
             return None
         try:  # the policy proposes (in expand) and renders: its exception is this task's failure, not the run's
-            nodes = [n for n in (self.tree.select() for _ in range(min(budget.parallel, until - self.tried))) if n]
+            nodes = self._pick(min(budget.parallel, until - self.tried))
+            self.policy.chosen(self.spec, [n.payload for n in nodes])
             cands = [self.policy.render(self.spec, n.payload) for n in nodes]
         except Exception as e:  # noqa: BLE001 - any policy bug: stored as the stop reason, the run goes on
             log.exception("policy %s failed on task %s", self.policy.name, self.task.key)
@@ -249,13 +226,47 @@ class TaskSearch:
             return None
         return nodes, cands
 
-    def _take(self, node: Node, cand: Candidate, res: EvalResult) -> None:
-        """One evaluation into the tree (backpropagate), the store, the statistics and the policy's feedback."""
-        self.tree.report(node, reward_of(res.speedup if res.status.passed else None))
+    def _pick(self, n: int) -> list[Node]:
+        """Up to n new nodes: repairs of failed nodes the policy asked for, then UCT's selections."""
+        nodes: list[Node] = []
+        while self.repairs and len(nodes) < n:
+            child = self.tree.expand(self.repairs.pop(0))
+            if child is not None:
+                nodes.append(child)
+        return nodes + [c for c in (self.tree.select() for _ in range(n - len(nodes))) if c]
+
+    def _evaluate(self, nodes: list[Node], cands: list[Candidate], ev: Evaluator) -> None:
+        """Evaluate the batch's new sources; record every node (a duplicate with its original's reward)."""
+        fresh, dups, firsts = [], [], {}
+        for node, cand in zip(nodes, cands, strict=True):
+            key = cand.normal_digest
+            if isinstance(cand, NoKernel) or (key not in firsts and self.seen.get(cand) is None):
+                fresh.append((node, cand))
+                firsts.setdefault(key, node)
+            else:
+                dups.append((node, cand))
+        # builds in parallel, timing one at a time on each worker, outside the lock the tasks probed at once share
+        results = ev.evaluate_many(self.spec, [c for _, c in fresh]) if fresh else []
+        for (node, cand), res in zip(fresh, results, strict=True):
+            with self.lock:
+                self.tree.report(node, reward_of(res.speedup if res.status.passed else None))  # backpropagate
+                self._done(node, cand, res)
+                self.seen.add(cand, self.db_id[node.id], res, node.reward)
+        with self.lock:
+            for node, cand in dups:
+                first = self.seen.get(cand)
+                assert first is not None
+                self.tree.report(node, first.reward if first.reward is not None else FAIL)
+                self._done(node, cand, duplicate(first))
+
+    def _done(self, node: Node, cand: Candidate, res: EvalResult) -> None:
+        """Record one node's result, count it, tell the policy, and queue it for repair if the policy asks."""
         self._record(node, cand, res)
         self._account(node.id, res, lambda cand=cand: cand)
         try:  # feedback for policies that learn from outcomes (LLMs)
             self.policy.observe(self.spec, node.payload, cand, res)
+            if not res.status.passed and self.policy.repairable(self.spec, node.payload, res):
+                self.repairs.append(node)
         except Exception:  # noqa: BLE001 - lost feedback, not a lost run
             log.exception("policy %s failed to observe a result of task %s", self.policy.name, self.task.key)
 
@@ -350,7 +361,7 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
     lock = threading.RLock()
     for s in states:
         s.lock = lock
-    probe(states, left, ev, deadline, budget)
+    probe(states, left, ev, deadline, budget, probe_size(budget, len(states)))  # at most half the budget
     shown.stage("search")
     deep = replace(budget, parallel=max(budget.parallel, ev.parallel))  # one task at a time: a batch fills every worker
     _deepen([s for s in states if s.stop is None], states, left, ev, deadline, deep)

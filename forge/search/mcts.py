@@ -5,9 +5,9 @@ Each node holds one candidate (an opaque payload: source, knobs, ...); the root 
 reward: `reward = log(speedup)` for a correct candidate, FAIL for a rejected one.
 
 One step is: select (walk down by UCT, stopping where progressive widening allows a new child), expand
-(take the node's next proposal), evaluate (the caller's job; virtual loss marks the path meanwhile so
-parallel selections spread out), backpropagate (visits, value, best; prune subtrees that stopped
-improving).
+(take the node's next proposal; `expand(node)` does it at a node the caller picks: a failed one to
+repair), evaluate (the caller's job; virtual loss marks the path meanwhile so parallel selections spread
+out), backpropagate (visits, value, best; prune subtrees that stopped improving).
 """
 
 from __future__ import annotations
@@ -94,11 +94,28 @@ class MCTS:
     def select(self) -> Node | None:
         """A new child to evaluate (virtual loss applied along its path), or None when nothing is left."""
         child = self._select_from(self.root)
-        n = child
+        self._pend(child)
+        return child
+
+    def expand(self, node: Node) -> Node | None:
+        """A new child of `node` chosen on purpose, past UCT and widening (the driver's repair of a failed
+        node, whose reward UCT would never come back to); None if the policy has nothing for it."""
+        if node.pruned:
+            return None
+        if not node.proposals:
+            have = [c.payload for c in node.children]
+            node.proposals = [p for p in self.propose(node) if p not in have]
+        if not node.proposals:
+            return None
+        child = self._add(node, node.proposals.pop(0))
+        self._pend(child)
+        return child
+
+    @staticmethod
+    def _pend(n: Node | None) -> None:
         while n is not None:  # virtual loss: in-flight evaluations count as failures for UCT
             n.pending += 1
             n = n.parent
-        return child
 
     def _select_from(self, node: Node) -> Node | None:
         if self._widen(node):  # expand: the node's next proposal becomes a child

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 
 def probe(states: list[TaskSearch], left: Callable[[], int], ev: BaseEvaluator, deadline: float,
-          budget: Budget) -> None:
-    """Run each task's probe (`budget.min_per_task` candidates in all, within what the run has `left`).
+          budget: Budget, size: int) -> None:
+    """Run each task's probe (`size` candidates in all, probe_size, within what the run has
+    `left`).
 
     With `ev.parallel // budget.parallel` above one, that many tasks are probed at once (threads; each task's
     bookkeeping under the lock the tasks share, TaskSearch.run), each with the candidates the run had left for
@@ -27,22 +28,30 @@ def probe(states: list[TaskSearch], left: Callable[[], int], ev: BaseEvaluator, 
     targets: list[tuple[TaskSearch, int]] = []
     spare = left()
     for s in states:
-        if s.stop is not None or s.tried >= budget.min_per_task:
+        if s.stop is not None or s.tried >= size:
             continue
         if (left() if at_once == 1 else spare) <= 0:
             s.halt("run budget spent")
             continue
         s.start()
         if at_once == 1:
-            s.run(min(budget.min_per_task, s.tried + left()), ev, deadline, budget)
+            s.run(min(size, s.tried + left()), ev, deadline, budget)
             continue
-        n = min(budget.min_per_task - s.tried, spare)
+        n = min(size - s.tried, spare)
         spare -= n
         targets.append((s, s.tried + n))
     if targets:
         with cf.ThreadPoolExecutor(at_once, thread_name_prefix="forge-task") as pool:
             for f in [pool.submit(s.run, until, ev, deadline, budget) for s, until in targets]:
                 f.result()
+
+
+def probe_size(budget: Budget, tasks: int) -> int:
+    """Candidates each task gets in the probe: `min_per_task`, fewer when the probe would take more than half
+    of the candidate budget (at --budget 24 over 6 tasks, 2 each), and at least one."""
+    if tasks <= 0:
+        return budget.min_per_task
+    return max(1, min(budget.min_per_task, budget.candidates // (2 * tasks)))
 
 
 def bandwidth_of(states: list[TaskSearch]) -> float | None:

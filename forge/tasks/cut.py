@@ -21,6 +21,7 @@ import torch.fx
 
 from forge.capture.export import TensorMeta, node_meta
 from forge.tasks.ops import Kind, family_of_region, kind_of, op_name, qualified_name
+from forge.tasks.origin import origin
 from forge.tasks.regions import cut, is_noop
 
 SOURCE_HEADER = "import operator\n\nimport torch\n\naten = torch.ops.aten\n"
@@ -40,6 +41,8 @@ class Task:
     ms: float | None  # summed over all occurrences; None for a meta capture
     share: float | None  # of the model's total time
     occurrences: tuple[tuple[str, ...], ...] = ()  # node names of each occurrence in the captured graph
+    module: str = ""  # the model's module it ran in: "path (Class)" (forge.tasks.origin), "" if unknown
+    module_source: str = ""  # that module's forward source
 
     @property
     def bytes(self) -> int:
@@ -63,6 +66,8 @@ class Task:
             "ms": self.ms,
             "share": self.share,
             "source": self.source,
+            "module": self.module,
+            "module_source": self.module_source,
         }
 
     @classmethod
@@ -76,6 +81,7 @@ class Task:
                 source=str(d["source"]), count=int(d["count"]),
                 ms=None if d.get("ms") is None else float(d["ms"]),
                 share=None if d.get("share") is None else float(d["share"]),
+                module=str(d.get("module", "")), module_source=str(d.get("module_source", "")),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"Invalid task entry: missing or bad field {e}") from e
@@ -245,9 +251,11 @@ def build_tasks(graph: torch.fx.Graph, node_ms: dict[str, float] | None = None,
     """Cut, render and group the graph's regions into tasks, sorted by time (or by first appearance);
     `scope`: regions do not cross it (forge.tasks.regions.cut)."""
     by_key: dict[str, list[Rendered]] = {}
+    where: dict[str, tuple[str, str]] = {}
     for region in cut(graph, scope):
         r = render(region)
         by_key.setdefault(r.key, []).append(r)
+        where.setdefault(r.key, origin(region))
     total = sum(node_ms.values()) if node_ms else None
     tasks = []
     for key, occ in by_key.items():
@@ -255,7 +263,7 @@ def build_tasks(graph: torch.fx.Graph, node_ms: dict[str, float] | None = None,
         ms = sum(node_ms.get(n, 0.0) for o in occ for n in o.nodes) if node_ms is not None else None
         share = (ms / total) if (ms is not None and total) else None
         tasks.append(Task(key, r.family, r.ops, r.inputs, r.outputs, r.source, len(occ), ms, share,
-                          tuple(o.nodes for o in occ)))
+                          tuple(o.nodes for o in occ), *where[key]))
     if node_ms is not None:
         tasks.sort(key=lambda t: -(t.ms or 0.0))
     else:  # no times (meta capture): rank by the memory traffic of all occurrences

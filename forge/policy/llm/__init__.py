@@ -11,7 +11,8 @@ from pathlib import Path
 
 from forge.errors import UserError
 from forge.policy.llm.cache import CallLog, replay_answers
-from forge.policy.llm.policy import Idea, LLMConfig, LLMPolicy, MixedPolicy
+from forge.policy.llm.mixed import MixedPolicy
+from forge.policy.llm.policy import Idea, LLMConfig, LLMPolicy
 from forge.policy.llm.prices import PriceTable
 from forge.policy.llm.providers import Chat, LLMError, ProviderSpec, RetryConfig, connect
 from forge.store import Store

@@ -8,12 +8,14 @@ never imported or run in this process.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from forge.backends import BACKENDS
 from forge.evaluate.checks import check
 from forge.kernel import Candidate
 
-_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_OPEN = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*$")
+_CLOSE = re.compile(r"^[ \t]*```[ \t]*$")
 
 
 class Malformed(ValueError):
@@ -24,21 +26,61 @@ class Malformed(ValueError):
         self.candidate = candidate
 
 
-def extract_code(text: str, backend: str) -> str:
-    """The kernel source in an answer: the fenced block in the backend's language holding the entry point.
+@dataclass(frozen=True)
+class Block:
+    """One fenced block of an answer: its language tag (lower case, "" if none), body, and whether it closed."""
 
-    An unfenced answer that is itself code (starts with #include, import or extern) is taken whole.
+    lang: str
+    body: str
+    complete: bool
+
+
+def blocks(text: str) -> list[Block]:
+    """The fenced blocks of an answer, in order; a fence still open at the end is an incomplete block."""
+    out: list[Block] = []
+    lang: str | None = None
+    body: list[str] = []
+    for line in text.splitlines():
+        if lang is None:
+            m = _OPEN.match(line)
+            if m:
+                lang, body = m[1].lower(), []
+        elif _CLOSE.match(line):
+            out.append(Block(lang, "\n".join(body), True))
+            lang = None
+        else:
+            body.append(line)
+    if lang is not None:
+        out.append(Block(lang, "\n".join(body), False))
+    return out
+
+
+def extract_code(text: str, backend: str) -> str:
+    """The kernel source in an answer: the last complete fenced block in the backend's language (or untagged)
+    holding the entry point, so a "final version" after a draft wins.
+
+    An unfenced answer that is itself code (starts with #include, import or extern) is taken whole. Raises
+    Malformed when the answer was cut off inside its code, or its code is in another language.
     """
-    entry, langs = BACKENDS[backend].entry, set(BACKENDS[backend].fences)
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
-    for pick in ([b for lang, b in blocks if lang in langs and entry in b], [b for _, b in blocks if entry in b],
-                 [b for lang, b in blocks if lang in langs]):
+    b = BACKENDS[backend]
+    entry, langs = b.entry, set(b.fences)
+    found = blocks(text)
+    done = [x for x in found if x.complete]
+    ours = [x for x in done if x.lang in langs or not x.lang]
+    for pick in ([x for x in ours if entry in x.body], [x for x in ours if x.lang in langs]):
         if pick:
-            return max(pick, key=len).strip() + "\n"
+            return pick[-1].body.strip() + "\n"
+    if found and not found[-1].complete:
+        raise Malformed(f"the answer is truncated: it ends inside a code block ({len(found[-1].body)} characters "
+                        "of code, no closing fence); answer with a shorter complete file")
+    foreign = [x for x in done if x.lang and x.lang not in langs and entry in x.body]
+    if foreign:
+        raise Malformed(f"the code is in a ```{foreign[-1].lang} block, but the {backend} backend takes "
+                        f"```{b.prompt_lang} ({', '.join(b.fences)})")
     bare = text.strip()
-    if not blocks and re.match(r"(#include|#pragma|import |from |extern |//|/\*)", bare) and entry in bare:
+    if not found and re.match(r"(#include|#pragma|import |from |extern |//|/\*)", bare) and entry in bare:
         return bare + "\n"
-    raise Malformed("the answer has no code block" if not blocks else
+    raise Malformed("the answer has no code block" if not found else
                     f"no code block defines `{entry}` in the {backend} format")
 
 
@@ -55,4 +97,10 @@ def parse_answer(text: str, backend: str) -> Candidate:
 
 def prose(text: str) -> str:
     """The model's words outside its code blocks, shortened (what a lineage shows of an approach)."""
-    return " ".join(_FENCE.sub(" ", text).split())[:300]
+    inside, words = False, []
+    for line in text.splitlines():
+        if (_CLOSE if inside else _OPEN).match(line):
+            inside = not inside
+        elif not inside:
+            words.append(line)
+    return " ".join(" ".join(words).split())[:300]

@@ -22,29 +22,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from forge.backends import BACKENDS, for_device
+from forge.evaluate.mismatch import Mismatch
 from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, Status, TaskSpec
 from forge.policy.base import Policy
 from forge.policy.llm.cache import CallLog, Message
+from forge.policy.llm.facts import compiler_report, device_facts, without_report
 from forge.policy.llm.limits import LLMError, quote
 from forge.policy.llm.parse import Malformed, parse_answer, prose
-from forge.policy.llm.prompts import (
-    LANG,
-    Prompt,
-    bandwidth_line,
-    device_facts,
-    measured,
-    measured_numbers,
-    render,
-    system_prompt,
-    task_values,
-)
+from forge.policy.llm.prompts import LANG, Prompt, measured, measured_numbers, render, system_prompt, task_context
 from forge.policy.llm.tune import variants
-from forge.policy.recipes.policy import RecipePolicy
 from forge.store import Store
 
 log = logging.getLogger(__name__)
 
 _BUILD = {Status.BUILD_ERROR, Status.BAD_FORMAT} | {s for s in Status if s.value.startswith("forbidden_")}
+_WRONG = {Status.WRONG_RESULT, Status.LOW_PRECISION, Status.NONFINITE, Status.PARTIAL_WRITE, Status.OUT_OF_BOUNDS,
+          Status.LAUNCH_ERROR, Status.CONSTANT_OUTPUT, Status.STALE_RESULT}
 _FIRST_HINTS = ("", "Take a different approach from the most obvious one (another parallelisation or loop order).",
                 "Favour vectorised inner loops and as few passes over memory as possible.",
                 "Favour cache blocking and fusing all the work into a single pass.")
@@ -72,6 +65,8 @@ class _Node:
     result: EvalResult | None = None
     rounds: int = 0  # times the search asked for its children
     children: list[int] = field(default_factory=list)
+    request: Callable[[], None] | None = None  # sends the request (None: sent, or nothing to send)
+    depth: int = 0  # repairs in a row that led to this node
 
 
 @dataclass
@@ -94,6 +89,7 @@ class LLMConfig:
     optimize: int = 2  # optimize requests below a correct kernel per round
     rounds: int = 2  # times a node may be asked for children
     concurrency: int = 4  # requests in flight
+    repairs: int = 2  # repair turns in a row the search spends on one failing line of kernels
     tune: bool = False  # also propose knob changes of LLM kernels (the mixed policy)
 
 
@@ -159,14 +155,35 @@ class LLMPolicy(Policy):
             return ideas + (self.tunes(spec, node) if self.config.tune else [])
         return [self._ask(spec, "repair-build" if status in _BUILD else "repair-wrong", node, node.rounds - 1)]
 
+    def chosen(self, spec: TaskSpec, payloads: list[Any]) -> None:
+        """Send the requests of the ideas the search evaluates next (an idea never chosen costs nothing)."""
+        for p in payloads:
+            self._send(self._nodes[p.id])
+
+    def repairable(self, spec: TaskSpec, payload: Any, res: Any) -> bool:
+        """A failed node with code and a fixable error (a build error, a check's rejection, a wrong or imprecise
+        result) gets a repair turn, at most `repairs` in a row and while it may be asked again."""
+        node = self._nodes.get(payload.id) if isinstance(payload, Idea) else None
+        if node is None or not node.future.done() or isinstance(node.future.result(), NoKernel):
+            return False
+        fixable = res.status in _BUILD or res.status in _WRONG
+        return fixable and node.depth < self.config.repairs and node.rounds < self.config.rounds
+
     def render(self, spec: TaskSpec, payload: Any) -> Candidate:
-        """The candidate an idea's answer gave (waits for it, not much past the deadline)."""
-        future = self._nodes[payload.id].future
+        """The candidate an idea's answer gave: sends the request if `chosen` did not, and waits for it, not
+        much past the search's deadline."""
+        node = self._nodes[payload.id]
+        self._send(node)
         wait = None if self.calls.deadline is None else max(0.0, self.calls.deadline - time.monotonic()) + _GRACE_S
         try:
-            return future.result(timeout=wait)
+            return node.future.result(timeout=wait)
         except futures.TimeoutError:
             return NoKernel.because(self.backend, "no answer by the search's deadline", Status.PROVIDER_ERROR)
+
+    def _send(self, node: _Node) -> None:
+        if node.request is not None:
+            request, node.request = node.request, None
+            request()
 
     def observe(self, spec: TaskSpec, payload: Any, cand: Candidate, res: EvalResult) -> None:
         """What the search measured for a node: the lineage later prompts show."""
@@ -181,7 +198,7 @@ class LLMPolicy(Policy):
         if node is not None:
             node.result = res
         who = f"#{payload.id} {payload.kind}" if isinstance(payload, Idea) else f"recipe {payload}"
-        tl.attempts.append(f"- {who}: {_outcome(res)}")
+        tl.attempts.append(f"- {who}, code {cand.digest[:8]}: {_outcome(res)}")
 
     # -- requests -----------------------------------------------------------------------------------
     def _log(self, spec: TaskSpec) -> _TaskLog:
@@ -195,14 +212,16 @@ class LLMPolicy(Policy):
         return idea
 
     def _ask(self, spec: TaskSpec, kind: str, parent: _Node | None, variant: int) -> Idea:
-        """An idea whose request is built now and sent by the pool."""
-        messages = [("user", self._prompt(spec, kind, parent, variant))]
+        """An idea whose request is built and sent when the search chooses it (`chosen`), with the lineage
+        known then."""
         future: Future[Candidate] = Future()
         idea = self._new(kind, parent, future)
+        node = self._nodes[idea.id]
+        node.depth = parent.depth + 1 if parent is not None and kind.startswith("repair") else 0
 
         def run() -> None:
-            cand, summary = self._write(messages)
-            self._nodes[idea.id].summary = summary
+            cand, summary = self._write([("user", self._prompt(spec, kind, parent, variant, node))])
+            node.summary = summary
             future.set_result(cand)
 
         def never_sent(f: Future[None]) -> None:
@@ -210,7 +229,7 @@ class LLMPolicy(Policy):
                 future.set_result(NoKernel.because(self.backend, "the search ended before the request was sent",
                                                    Status.NOT_ASKED))
 
-        self._pool.submit(run).add_done_callback(never_sent)
+        node.request = lambda: self._pool.submit(run).add_done_callback(never_sent)
         return idea
 
     def _write(self, messages: list[Message]) -> tuple[Candidate, str]:
@@ -260,46 +279,50 @@ class LLMPolicy(Policy):
             log.exception("LLM request failed")
             return NoKernel.because(self.backend, f"{type(e).__name__}: {e}"), ""
 
-    def _prompt(self, spec: TaskSpec, kind: str, parent: _Node | None, variant: int) -> Prompt:
+    def _prompt(self, spec: TaskSpec, kind: str, parent: _Node | None, variant: int, node: _Node) -> Prompt:
         tl = self._log(spec)
-        v = task_values(spec, self.backend)
-        facts = device_facts(self.device) + bandwidth_line(spec.floor_bytes, tl.floor_us)
+        common = {"task": task_context(spec, tl.eager_us, tl.floor_us), "device": device_facts(self.device),
+                  "lineage": self._lineage(spec, parent, node), "lang": LANG[self.backend], "backend": self.backend}
         if kind == "first":
-            return render("first", **v, device=facts, variation=_FIRST_HINTS[variant % len(_FIRST_HINTS)])
+            hint = _FIRST_HINTS[variant % len(_FIRST_HINTS)]  # every first prompt its own: no two cached alike
+            hint += f" (Attempt {variant + 1} at this task.)" if variant >= len(_FIRST_HINTS) else ""
+            return render("first", **common, variation=hint)
         assert parent is not None and parent.result is not None
         res, code = parent.result, parent.future.result().source.strip()
-        lineage = self._lineage(spec, parent)
         if kind == "repair-build":
             built = res.status is Status.BUILD_ERROR
-            return render("repair-build", **v, code=code, lineage=lineage,
+            return render("repair-build", **common, code=code,
                           stage="by the compiler" if built else "before building, by the static checks",
                           what="The compiler said" if built else "The checks said",
-                          log=clean_log(res.build_log or res.message))
+                          log=clean_log(without_report(res.build_log) if built else res.message))
         if kind == "repair-wrong":
-            return render("repair-wrong", **v, code=code, lineage=lineage, status=res.status.value,
-                          summary=measured_numbers(clean_log(res.message) or "no detail"))
+            found = res.verify.get("mismatch") or (res.verify.get("timed") or {}).get("mismatch")
+            return render("repair-wrong", **common, code=code, status=res.status.value,
+                          summary=measured_numbers(clean_log(res.message) or "no detail"),
+                          mismatch=measured_numbers(Mismatch.from_dict(found).describe()) if found else "")
         t = res.timing.median_us if res.timing else None
         floor = tl.floor_us
         best = f"{measured(f'{tl.best[0]:.2f}')} us" if tl.best else "this one"
         if tl.best and tl.best[1].source.strip() != code:
-            best += f":\n\n```{v['lang']}\n{tl.best[1].source.strip()}\n```"
-        return render("optimize", **v, code=code, lineage=lineage, device=facts, best=best,
+            best += f":\n\n```{LANG[self.backend]}\n{tl.best[1].source.strip()}\n```"
+        return render("optimize", **common, code=code, best=best, report=compiler_report(res.build_log),
                       time_us=measured(f"{t:.2f}" if t else "?"),
-                      eager_us=measured(f"{tl.eager_us:.2f}" if tl.eager_us else "?"),
-                      floor_us=measured(f"{floor:.2f}" if floor else "?"),
                       percent=measured(f"{100 * floor / t:.0f}" if floor and t else "?"),
                       variation=_OPT_HINTS[variant % len(_OPT_HINTS)])
 
-    def _lineage(self, spec: TaskSpec, parent: _Node) -> str:
-        """Recent attempts with outcomes, and the parent's failed children marked "do not repeat"."""
-        lines = ["Recent attempts on this task (newest last):", *self._log(spec).attempts[-6:]]
-        failed = [self._nodes[c] for c in parent.children
-                  if self._nodes[c].result is not None and not self._nodes[c].result.status.passed]
-        if failed:
-            lines += ["", "Earlier answers to this same request failed; do not repeat them:"]
-            lines += [f"- #{n.idea.id}: {_outcome(n.result)}" + (f" (approach: {n.summary})" if n.summary else "")
-                      for n in failed if n.result is not None]
-        return "\n".join(lines)
+    def _lineage(self, spec: TaskSpec, parent: _Node | None, node: _Node) -> dict[str, Any]:
+        """The parent and its other children (code digest, outcome, timing) and the task's recent attempts."""
+        siblings = [self._nodes[c] for c in (parent.children if parent else []) if c != node.idea.id]
+        return {"parent": self._describe(parent) if parent else "",
+                "siblings": [self._describe(n) for n in siblings if n.result is not None],
+                "recent": self._log(spec).attempts[-6:]}
+
+    def _describe(self, n: _Node) -> str:
+        """One node as the lineage shows it: id, kind, code digest, outcome with timing, the model's words."""
+        cand = n.future.result() if n.future.done() else None
+        digest = f", code {cand.digest[:8]}" if cand is not None and not isinstance(cand, NoKernel) else ""
+        words = f" (approach: {n.summary})" if n.summary else ""
+        return f"#{n.idea.id} {n.idea.kind}{digest}: {_outcome(n.result)}{words}"
 
     # -- mixing with recipes ------------------------------------------------------------------------
     def tunes(self, spec: TaskSpec, node: _Node) -> list[Idea]:
@@ -321,75 +344,6 @@ class LLMPolicy(Policy):
         seed = self._nodes[self._new("seed", None, done).id]
         seed.result = res
         return [self._ask(spec, "optimize", seed, i) for i in range(self.config.optimize)]
-
-
-class MixedPolicy(Policy):
-    """Recipes seed the tree and tune LLM kernels' knobs; the LLM expands from the recipes' best."""
-
-    def __init__(self, recipes: RecipePolicy, llm: LLMPolicy) -> None:
-        self.recipes = recipes
-        self.llm = llm
-        self.name = f"recipes+{llm.name}"
-        self._seen: dict[tuple[str, Any], tuple[Candidate, EvalResult]] = {}
-        self._best: dict[str, tuple[float, Any]] = {}
-        self._seeded: set[tuple[str, Any]] = set()
-
-    def bind(self, store: Store, run_id: str) -> None:
-        """See LLMPolicy.bind."""
-        self.llm.bind(store, run_id)
-
-    def stop_reason(self) -> str | None:
-        """See LLMPolicy.stop_reason."""
-        return self.llm.stop_reason()
-
-    def until(self, deadline: float) -> None:
-        """See LLMPolicy.until."""
-        self.llm.until(deadline)
-
-    def close(self) -> None:
-        """See LLMPolicy.close."""
-        self.llm.close()
-
-    def mine(self, spec: TaskSpec) -> str | None:
-        """Mine if either policy's."""
-        a, b = self.recipes.mine(spec), self.llm.mine(spec)
-        return None if a is None or b is None else f"{a}; {b}"
-
-    def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None = None) -> list[Any]:
-        """Root: recipe schedules interleaved with first attempts; below the recipes' best: LLM optimize."""
-        if isinstance(parent, Idea):
-            return self.llm.propose(spec, parent, feedback)
-        if self.llm.stop_reason():
-            return []
-        ours = self.recipes.propose(spec, parent, feedback) if self.recipes.mine(spec) is None else []
-        if parent is None:
-            theirs = self.llm.propose(spec, None, feedback)
-            return [p for pair in itertools.zip_longest(ours, theirs) for p in pair if p is not None]
-        key = (spec.key, parent)
-        best = self._best.get(spec.key)
-        if key in self._seen and key not in self._seeded and best is not None and best[1] == parent:
-            self._seeded.add(key)
-            ours = self.llm.seeded(spec, *self._seen[key]) + ours
-        return ours
-
-    def payload_of(self, spec: TaskSpec, knobs: dict[str, Any]) -> Any:
-        """For --resume: recipe nodes come back; LLM nodes keep their stored source (ValueError)."""
-        if {"id", "kind"} <= set(knobs):
-            raise ValueError("an LLM node is not re-created on resume")
-        return self.recipes.payload_of(spec, knobs)
-
-    def render(self, spec: TaskSpec, payload: Any) -> Candidate:
-        """From whichever policy proposed it."""
-        return self.llm.render(spec, payload) if isinstance(payload, Idea) else self.recipes.render(spec, payload)
-
-    def observe(self, spec: TaskSpec, payload: Any, cand: Candidate, res: EvalResult) -> None:
-        """Both kinds go into the LLM's lineage; the recipes' best is remembered for seeding."""
-        self.llm.observe(spec, payload, cand, res)
-        if not isinstance(payload, Idea):
-            self._seen[(spec.key, payload)] = (cand, res)
-            t = res.timing.median_us if res.status.passed and res.timing else None
-            if t is not None and (spec.key not in self._best or t < self._best[spec.key][0]):
-                self._best[spec.key] = (t, payload)
 
 
 def _outcome(res: EvalResult | None) -> str:

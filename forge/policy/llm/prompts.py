@@ -1,24 +1,34 @@
-"""Prompts from the templates in prompts/llm/ (string.Template, `$name`), and the facts they show.
+"""Prompts from the Jinja2 templates in prompts/llm/ (one per request kind), and the task facts they show.
 
 A prompt has two renderings: `text` (sent) and `key` (hashed for the response cache), where every
 measured number (times, bandwidth, errors) is masked, so a rerun whose timings differ by noise still
 hits the cache when the kernels and their outcomes are the same.
+
+Request kinds (`KINDS`): first (a first attempt), optimize (a correct kernel, made faster), repair-build
+(rejected by the compiler or the static checks), repair-wrong (built and ran, rejected by the verifier),
+repair-format (an answer without usable code). Every kind but repair-format shows the whole task
+(`task_context`): the reference, the module it came from, every input and output, the eager time, the
+share and the roofline floor, the device, and the lineage; the system prompt, sent with every request,
+shows the ABI text, `forge_abi.h` and an example kernel.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from string import Template
+from typing import Any
+
+import jinja2
 
 from forge.backends import BACKENDS
-from forge.kernel import TaskSpec
+from forge.kernel import ABI_DIR, TaskSpec
 
 PROMPTS = Path(__file__).resolve().parents[3] / "prompts"  # the checkout's prompts/ (forge/policy/llm/)
+KINDS = ("first", "optimize", "repair-build", "repair-wrong", "repair-format")
 LANG = {name: b.prompt_lang for name, b in BACKENDS.items()}
+EXAMPLES = {"cpu": "cpu.cpp", "cuda": "cuda.cu", "triton": "triton.py"}
 _M0, _M1 = "\x01", "\x02"  # around a measured value while rendering
 _MEASURED = re.compile(f"{_M0}[^{_M1}]*{_M1}")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d+(?:e[+-]?\d+)?|(?<![\w.])\d+e[+-]?\d+", re.I)
@@ -48,78 +58,53 @@ def measured_numbers(text: str) -> str:
 
 
 @cache
-def template(name: str) -> Template:
-    """prompts/llm/NAME.md, or prompts/NAME.md for the ABI texts."""
-    path = PROMPTS / "llm" / f"{name}.md"
-    return Template((path if path.exists() else PROMPTS / f"{name}.md").read_text())
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(PROMPTS), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                              autoescape=False)  # noqa: S701 - plain text for a model, never HTML
 
 
 def render(name: str, **values: object) -> Prompt:
-    """A template filled in; a missing value is a KeyError (a bug in forge, not in the model)."""
-    return Prompt.of(template(name).substitute({k: str(v) for k, v in values.items()}).strip() + "\n")
+    """prompts/llm/NAME.md.j2 filled in; a missing value is an error (a bug in forge, not in the model)."""
+    text = _env().get_template(f"llm/{name}.md.j2").render(**values)
+    return Prompt.of(re.sub(r"\n{3,}", "\n\n", text).strip() + "\n")
 
 
 def system_prompt(backend: str) -> Prompt:
-    """The kernel ABI of the backend, the rules, what is forbidden and how it is caught."""
-    return render("system", backend=backend, lang=LANG[backend], abi=template(f"abi-{backend}").template.strip())
+    """The kernel ABI of the backend, forge_abi.h (native backends), an example kernel, the rules."""
+    header = (ABI_DIR / "forge_abi.h").read_text().strip() if BACKENDS[backend].native else ""
+    abi = (PROMPTS / f"abi-{backend}.md").read_text().strip()
+    example = (PROMPTS / "examples" / EXAMPLES[backend]).read_text().strip()
+    return render("system", backend=backend, lang=LANG[backend], abi=abi, header=header, example=example)
 
 
-def tensor_lines(metas: tuple, prefix: str) -> str:
-    """One line per tensor: index, dtype, shape, strides."""
-    return "\n".join(f"- `{prefix}[{i}]`: {m.dtype}, shape {list(m.shape)}, strides {list(m.stride)}"
-                     for i, m in enumerate(metas)) or "- (none)"
+def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    expect = 1
+    for s, st in zip(reversed(shape), reversed(stride), strict=True):
+        if s != 1 and st != expect:
+            return False
+        expect *= s
+    return True
 
 
-def task_values(spec: TaskSpec, backend: str) -> dict[str, object]:
-    """What every prompt about a task can show of it."""
-    return {"key": spec.key, "source": spec.source.strip(), "inputs": tensor_lines(spec.inputs, "in"),
-            "outputs": tensor_lines(spec.outputs, "out"), "floor_bytes": spec.floor_bytes,
-            "backend": backend, "lang": LANG[backend]}
+def tensors(metas: tuple) -> list[dict[str, Any]]:
+    """What a prompt shows of each tensor: dtype, shape, strides, whether contiguous."""
+    return [{"dtype": m.dtype, "shape": list(m.shape), "strides": list(m.stride),
+             "contiguous": _contiguous(tuple(m.shape), tuple(m.stride))} for m in metas]
 
 
-def _cpu_facts() -> str:
-    model, caches = "", []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-        base = Path("/sys/devices/system/cpu/cpu0/cache")
-        for idx in sorted(base.glob("index*")):
-            level, kind = (idx / "level").read_text().strip(), (idx / "type").read_text().strip()
-            if kind != "Instruction":
-                caches.append(f"L{level} {(idx / 'size').read_text().strip()}")
-    except OSError:
-        pass
-    flags = ""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        flags = ", ".join(f for f in ("avx2", "avx512f", "fma", "neon", "sve") if re.search(rf"\b{f}\b", text))
-    except OSError:
-        pass
-    return (f"CPU: {model or 'unknown model'}, {os.cpu_count()} cores (OpenMP threads)"
-            + (f"; caches per core: {', '.join(caches)}" if caches else "")
-            + (f"; SIMD: {flags}" if flags else ""))
+def _us(value: float | None) -> str:
+    return f"{measured(f'{value:.2f}')} us" if value else "not measured yet"
 
 
-def _cuda_facts(device: str) -> str:
-    import torch
-
-    p = torch.cuda.get_device_properties(device)
-    smem = getattr(p, "shared_memory_per_block_optin", 0) or getattr(p, "shared_memory_per_multiprocessor", 0)
-    return (f"GPU: {p.name} (sm_{p.major}{p.minor}), {p.multi_processor_count} SMs, L2 "
-            f"{getattr(p, 'L2_cache_size', 0) / 2**20:.0f} MiB, shared memory up to {smem / 1024:.0f} KiB per "
-            f"block, {p.total_memory / 2**30:.0f} GiB memory")
-
-
-@cache
-def device_facts(device: str) -> str:
-    """SMs, caches, shared memory (CUDA) or cores and caches (CPU), as one line."""
-    return _cuda_facts(device) if device.startswith("cuda") else _cpu_facts()
-
-
-def bandwidth_line(floor_bytes: int, floor_us: float | None) -> str:
-    """The measured bandwidth behind the roofline floor, when known."""
-    if not floor_us or not floor_bytes:
-        return ""
-    return f"; measured memory bandwidth {measured(f'{floor_bytes / floor_us / 1e3:.0f}')} GB/s"
+def task_context(spec: TaskSpec, eager_us: float | None = None, floor_us: float | None = None) -> dict[str, Any]:
+    """The task as every request shows it; `eager_us`/`floor_us` as the search measured them (else the
+    profile's eager time, and the floor unknown until the first evaluation)."""
+    eager = eager_us or spec.eager_us
+    bandwidth = (f" at the measured memory bandwidth of {measured(f'{spec.floor_bytes / floor_us / 1e3:.0f}')} GB/s"
+                 if floor_us and spec.floor_bytes else "")
+    return {"key": spec.key, "source": spec.source.strip(), "module": spec.module,
+            "module_source": spec.module_source.strip(), "inputs": tensors(spec.inputs),
+            "outputs": tensors(spec.outputs), "eager_us": _us(eager),
+            "share": measured(f"{100 * spec.share:.1f}") if spec.share else "", "floor_us": _us(floor_us),
+            "floor_bytes": spec.floor_bytes, "bandwidth": bandwidth}

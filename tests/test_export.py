@@ -165,3 +165,97 @@ def test_bad_input_is_one_line_and_exit_2(run, exported, tmp_path, capsys):
     assert main(["export", "nope", str(tmp_path / "x"), "--db", str(db)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(e.startswith("forge: error:") for e in err)
+
+
+@pytest.fixture(scope="module")
+def triton_exported(tmp_path_factory):
+    """An export of a run whose tasks have Triton candidates beside their CPU winners: one per task that matched
+    the reference under Triton's interpreter (recorded ok, as a GPU run's verification would), and a wrong one
+    (recorded wrong_result, with a higher reward) that the export must not take."""
+    from test_recipe_triton import _inputs, _outputs, interpret
+
+    from forge.policy.recipes import triton_kernels
+    from forge.policy.recipes.triton_common import TritonKnobs, TritonRowKnobs
+    from forge.tasks.cut import compile_source
+    from forge.tolerance import rel_error, tolerance
+
+    tmp = tmp_path_factory.mktemp("triton_run")
+    torch.manual_seed(0)
+    loaded = load_file(MODEL, eval=True)
+    kernels = _kernels(loaded.model, loaded.inputs)
+    store = Store(tmp / "forge.db")
+    rec = store.create_run(loaded.name, device="cpu", dtype="fp32", policy="recipes",
+                           config={"load": {"file": str(MODEL), "zoo": None, "sizes": {}}, "mode": "eval"})
+    good = {}
+    for k in kernels:
+        spec = TaskSpec(k.key, k.source, k.inputs, k.outputs)
+        knobs = TritonKnobs() if k.key.startswith(("silu", "add", "mul")) else TritonRowKnobs()
+        source = triton_kernels.candidate(spec, knobs).source
+        inputs = _inputs(spec, 0)
+        ((rc, outs),) = interpret(tmp, [(source, inputs, _outputs(spec))])
+        refs = compile_source(spec.source)(*[x.double() for x in inputs])
+        assert rc == 0 and all(rel_error(o, r) <= tolerance(m.dtype).kernel
+                               for o, r, m in zip(outs, refs, spec.outputs, strict=True)), k.key
+        task = store.add_task(rec.id, k.key, source=k.source)
+        store.add_candidate(task.id, backend="cpu", source=k.kernel_source, status="ok", reward=2.0)
+        store.add_candidate(task.id, backend="triton", source=source, entry="launch", status="ok", reward=1.0)
+        store.add_candidate(task.id, backend="triton", source=source.replace("mask=mask)", "mask=mask & (i < 7))"),
+                            entry="launch", status="wrong_result", reward=5.0)
+        good[k.key] = source
+    folder = tmp / rec.id
+    artifact.save(folder, kernels, {"run_id": rec.id, "model": loaded.name, "device": "cpu", "dtype": "fp32",
+                                    "device_model": artifact.device_model("cpu"), "layout": "", "mode": "eval"})
+    store.update_run(rec.id, state="done", config={**rec.config, "artifact": str(folder)})
+    out = tmp / "repo"
+    assert main(["export", rec.id, str(out), "--format", "hf-kernels", "--db", str(tmp / "forge.db")]) == 0
+    return out, good
+
+
+def test_each_native_kernel_gets_its_verified_triton_form_in_the_universal_variant(triton_exported):
+    from forge.evaluate.checks import check_python
+
+    out, good = triton_exported
+    universal, arch = sorted((out / "build").iterdir(), key=lambda p: p.name == "torch-universal", reverse=True)
+    (pkg,) = [p for p in universal.iterdir() if p.is_dir()]
+    entries = json.loads((pkg / "kernels.json").read_text())["kernels"]
+    assert sorted((e["backend"], e["device_type"]) for e in entries) == [("cpu", "cpu")] * 3 + [("triton", "cuda")] * 3
+    for e in entries:
+        if e["backend"] == "triton":
+            source = (pkg / e["file"]).read_text()
+            assert source == good[e["key"]] and check_python(source) == []  # the verified one, not the wrong one
+    arch_entries = json.loads((arch / pkg.name / "kernels.json").read_text())["kernels"]
+    assert {e["backend"] for e in arch_entries} == {"cpu"}  # Triton has no architecture
+    meta = json.loads((universal / "metadata.json").read_text())
+    assert len(meta["digest"]["files"]) == len([f for f in universal.rglob("*") if f.is_file()]) - 1
+    assert (out / "build.toml").read_text().count("[kernel.") == 6
+    assert "| triton |" in (out / "README.md").read_text()
+
+
+_FORMS = """
+import os, sys, torch
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import {pkg} as k
+torch.manual_seed(0)
+for name, kernel in k._KERNELS.items():
+    assert set(kernel.forms) == {{"cpu", "cuda"}}, kernel.forms
+    args = [torch.empty_strided(m.shape, m.stride, dtype=m.dtype).copy_(torch.randn(m.shape)) for m in kernel.inputs]
+    assert kernel.applies(tuple(args))  # CPU tensors: the CPU form
+    want = kernel.reference(*args)
+    torch.testing.assert_close(list(kernel(*args)), list(want), rtol=1e-4, atol=1e-4)
+    outs = [m.empty(torch.device("cpu")) for m in kernel.outputs]  # the Triton form, interpreted on the CPU
+    assert kernel.forms["cuda"].launch(args, outs) == 0
+    torch.testing.assert_close(outs, list(want), rtol=1e-4, atol=1e-4)
+print("ok", len(k._KERNELS))
+"""
+
+
+def test_the_universal_package_runs_both_forms_in_a_fresh_process(triton_exported):
+    out, _ = triton_exported
+    universal = out / "build" / "torch-universal"
+    (pkg,) = [p.name for p in universal.iterdir() if p.is_dir()]
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-c", _FORMS.format(pkg=pkg), str(universal)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "ok 3"

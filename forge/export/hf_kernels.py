@@ -23,6 +23,7 @@ takes no `cpu` variant; in the universal package a native kernel runs only on th
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import platform
@@ -87,11 +88,26 @@ def _digest(variant: Path) -> dict[str, Any]:
 
 def _entry(k: KernelArtifact, name: str, lib: bool) -> dict[str, Any]:
     b = BACKENDS[k.backend]
-    file = f"kernels/{name}{Path(k.path).suffix}" if lib else f"kernels/{name}{b.suffix}"
+    file = f"kernels/{name}{Path(k.path).suffix}" if lib and b.native else f"kernels/{name}{b.suffix}"
     native = {"platform": f"{platform.machine()}-{platform.system().lower()}"} if b.native else {}
     return {**native, "name": name, "key": k.key, "backend": k.backend, "device_type": b.device, "entry": k.entry,
             "file": file, "reference": f"references/{name}.py", "inputs": [m.to_json() for m in k.inputs],
             "outputs": [m.to_json() for m in k.outputs]}
+
+
+def triton_forms(store: Store, run_id: str, kernels: list[KernelArtifact]) -> list[KernelArtifact]:
+    """The no-arch form of each native kernel: its task's best Triton candidate that the run verified (status ok,
+    the highest reward), for the universal variant; none for a task without one (a CPU run has none)."""
+    tasks = {t.key: t for t in store.get_tasks(run_id)}
+    out = []
+    for k in kernels:
+        if not BACKENDS[k.backend].native or k.key not in tasks:
+            continue
+        ok = [c for c in store.candidates(tasks[k.key].id) if c.backend == "triton" and c.status == "ok"]
+        if ok:
+            best = max(ok, key=lambda c: (c.reward if c.reward is not None else float("-inf"), -c.id))
+            out.append(dataclasses.replace(k, backend="triton", path="", entry=best.entry, kernel_source=best.source))
+    return out
 
 
 def _package(dst: Path, pyname: str, namespace: str, kernels: list[tuple[KernelArtifact, render.Exported]],
@@ -103,9 +119,9 @@ def _package(dst: Path, pyname: str, namespace: str, kernels: list[tuple[KernelA
     shutil.copyfile(PACKAGE / "_runtime.py", dst / "_runtime.py")
     for k, e in kernels:
         (dst / "references" / f"{e.name}.py").write_text(k.source)
-        if built:
+        if built and BACKENDS[k.backend].native:
             shutil.copyfile(k.path, dst / "kernels" / f"{e.name}{Path(k.path).suffix}")
-        else:
+        else:  # a source, or a Python module (built is the source)
             (dst / "kernels" / f"{e.name}{BACKENDS[k.backend].suffix}").write_text(k.kernel_source)
     entries = [_entry(k, e.name, built) for k, e in kernels]
     (dst / "kernels.json").write_text(json.dumps({"namespace": namespace, "kernels": entries}, indent=1) + "\n")
@@ -161,6 +177,9 @@ def export(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any], fo
     stats = _stats(store, info["run_id"])
     pairs = [(k, _exported(k, stats)) for k in kernels]
     names = {k.key: e.name for k, e in pairs}
+    forms = [(k, dataclasses.replace(names_of(k, pairs), backend="triton", kernel_us=None))
+             for k in triton_forms(store, info["run_id"], kernels)]
+    pairs += forms
     specs = {cls: (s, names[s.key]) for cls, s in by_class.items()}
     root = Path(folder)
     if root.exists() and any(root.iterdir()):
@@ -182,8 +201,13 @@ def export(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any], fo
         (vdir / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n")
     (root / "tests").mkdir()
     (root / "tests" / f"test_{pyname}.py").write_text(render.test_py(pyname, [e for _, e in pairs]))
-    backends = sorted({"cpu" if k.backend == "cpu" else "cuda" for k in kernels})
+    backends = sorted({"cpu" if k.backend == "cpu" else "cuda" for k, _ in pairs})
     (root / "build.toml").write_text(render.build_toml(name, [e for _, e in pairs], backends))
     (root / "README.md").write_text(render.card(name, {**data, **info}, [e for _, e in pairs], specs,
                                                 sorted(by_variant)))
     return ExportResult(root, name, tuple(names.values()), tuple(sorted(specs)), tuple(sorted(by_variant)))
+
+
+def names_of(k: KernelArtifact, pairs: list[tuple[KernelArtifact, render.Exported]]) -> render.Exported:
+    """The exported description of the kernel of k's task."""
+    return next(e for a, e in pairs if a.key == k.key)

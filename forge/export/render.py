@@ -25,7 +25,7 @@ class Exported:
 
 def init_py(pyname: str, kernels: list[Exported], layer_names: list[str]) -> str:
     """The package's __init__.py: loads the runtime, exposes each kernel as a function and `ops`."""
-    names = [k.name for k in kernels]
+    names = list(dict.fromkeys(k.name for k in kernels))  # a kernel with two forms is one function
     lines = [f'"""{pyname}: kernels exported by forge; each is a torch op (`ops.<name>`) and a guarded function."""',
              "", "from pathlib import Path", "", "import torch", "", "from . import _runtime", "",
              "namespace, _KERNELS = _runtime.load(Path(__file__).parent)",
@@ -76,6 +76,7 @@ def layers_py(specs: dict[str, tuple[LayerSpec, str]]) -> str:
 def test_py(pyname: str, kernels: list[Exported]) -> str:
     """tests/test_<pyname>.py: each kernel, loaded with the kernels package, against its reference."""
     tols = {k.name: tolerance(k.dtype).kernel for k in kernels}
+    forms = sorted({(k.name, "cpu" if k.backend == "cpu" else "cuda") for k in kernels})
     return f'''"""Each kernel of {pyname} against its reference region (forge's kernel tolerance per dtype), on fresh
 random inputs of the shapes it was verified for. Run from the repository: python -m pytest tests"""
 
@@ -87,6 +88,7 @@ from kernels import get_local_kernel
 
 REPO = Path(__file__).resolve().parent.parent
 TOLERANCE = {tols!r}
+FORMS = {forms!r}  # (kernel, device type): a kernel may have a CPU form and a Triton one for CUDA
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,7 @@ def kernel():
     return get_local_kernel(REPO)
 
 
-def _inputs(k, seed):
+def _inputs(k, seed, device):
     gen = torch.Generator().manual_seed(seed)
     out = []
     for m in k.inputs:
@@ -104,7 +106,7 @@ def _inputs(k, seed):
             t = torch.rand(m.shape, generator=gen) > 0.5
         else:
             t = torch.randint(0, 8, m.shape, generator=gen, dtype=m.dtype)
-        out.append(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=k.device_type).copy_(t))
+        out.append(torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=device).copy_(t))
     return out
 
 
@@ -113,13 +115,15 @@ def _error(out, ref):
     return ((out - ref).abs() / (ref.abs() + ref.abs().mean())).max().item() if ref.numel() else 0.0
 
 
-@pytest.mark.parametrize("name", sorted(TOLERANCE))
-def test_kernel_matches_its_reference(kernel, name):
+@pytest.mark.parametrize("name,device", FORMS)
+def test_kernel_matches_its_reference(kernel, name, device):
     k = getattr(kernel, name)
-    if k.device_type == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU")
+    if device not in k.forms:
+        pytest.skip("this form does not run here (machine code of another machine, or no triton)")
     for seed in (0, 1):
-        args = _inputs(k, seed)
+        args = _inputs(k, seed, device)
         assert k.applies(tuple(args))
         with torch.no_grad():
             outs, refs = k.op(*args), k.reference(*args)
@@ -135,9 +139,12 @@ def build_toml(name: str, kernels: list[Exported], backends: list[str]) -> str:
     lines = ["[general]", f'name = "{name}"', "version = 1", 'license = "apache-2.0"',
              f"backends = {backends!r}".replace("'", '"'), "", "[torch]",
              f'src = ["torch-ext/{name.replace("-", "_")}/__init__.py"]', ""]
+    names = {k.name: 0 for k in kernels}
     for k in kernels:
         suffix = ".py" if k.backend == "triton" else ".cu" if k.backend == "cuda" else ".cpp"
-        lines += [f"[kernel.{k.name}]", f'backend = "{"cuda" if k.backend != "cpu" else "cpu"}"',
+        names[k.name] += 1
+        section = k.name if names[k.name] == 1 else f"{k.name}_{k.backend}"  # a second form of one kernel
+        lines += [f"[kernel.{section}]", f'backend = "{"cuda" if k.backend != "cpu" else "cpu"}"',
                   'depends = ["torch"]', f'src = ["kernels/{k.name}{suffix}"]', ""]
     return "\n".join(lines)
 
@@ -204,7 +211,9 @@ torch.compile), `.reference` the region in ATen ops.
 `build/` holds {', '.join(f'`{v}`' for v in variants)}. CPU kernels are C shared libraries with forge's C entry
 point, built by forge with `-O3 -march=native` for the CPU above: they link neither Python nor torch and are
 called through ctypes, so the `cpu` variant is an arch variant only because it holds machine code; another
-CPU should re-verify them (`forge.load(..., verify=True)`). Triton kernels are in `torch-universal`. The sources
+CPU should re-verify them (`forge.load(..., verify=True)`). Triton kernels are in `torch-universal`: a
+kernel whose winner is native there has the best Triton candidate its search verified beside it, its no-arch
+form for CUDA devices (the op dispatches on the inputs' device). The sources
 are in `torch-ext/{pyname}/kernels/`, the reference of each region in `torch-ext/{pyname}/references/`.
 `python -m pytest tests` checks each kernel against its reference.
 """

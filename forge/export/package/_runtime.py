@@ -89,43 +89,67 @@ class Meta:
         return t.dtype is self.dtype and tuple(t.shape) == self.shape and t.stride() == self.stride
 
 
-class Kernel:
-    """One exported kernel: its op, its guard and its reference."""
+class Form:
+    """One implementation of a kernel: for one device type, from one backend."""
 
-    def __init__(self, root: Path, namespace: str, lib: torch.library.Library, e: dict[str, Any]) -> None:
-        self.name, self.device_type = e["name"], e["device_type"]
-        self.inputs = [Meta(m) for m in e["inputs"]]
-        self.outputs = [Meta(m) for m in e["outputs"]]
-        self.reference = _module(root / e["reference"], f"{namespace}_ref_{self.name}").region
-        self.available = e.get("platform", _PLATFORM) == _PLATFORM  # machine code runs where it was built
-        self.op: Any = None
+    def __init__(self, root: Path, namespace: str, e: dict[str, Any]) -> None:
+        self.device_type, self.backend = e["device_type"], e["backend"]
+        # machine code runs where it was built; a Triton module where triton is installed
+        self.available = e.get("platform", _PLATFORM) == _PLATFORM and \
+            (e["backend"] != "triton" or importlib.util.find_spec("triton") is not None)
         if not self.available:
             return
         if e["backend"] == "triton":
-            self.launch = _module(root / e["file"], f"{namespace}_{self.name}").launch
+            self.launch = _module(root / e["file"], f"{namespace}_{e['name']}_{e['backend']}").launch
         else:
             self.launch = _native(root / e["file"], e["entry"], self.device_type == "cuda")
+
+
+class Kernel:
+    """One exported kernel: its op (an implementation per device type: the forms), its guard and its reference.
+
+    A kernel may have two forms in one package: the universal variant holds a CPU kernel (for the machine it was
+    built on) beside the Triton form of the same task for CUDA devices; the op dispatches on the inputs' device.
+    """
+
+    def __init__(self, root: Path, namespace: str, lib: torch.library.Library, entries: list[dict[str, Any]]) -> None:
+        e = entries[0]
+        self.name = e["name"]
+        self.inputs = [Meta(m) for m in e["inputs"]]
+        self.outputs = [Meta(m) for m in e["outputs"]]
+        self.reference = _module(root / e["reference"], f"{namespace}_ref_{self.name}").region
+        forms = [Form(root, namespace, f) for f in entries]
+        self.forms = {f.device_type: f for f in forms if f.available}
+        self.device_type = next(iter(self.forms), e["device_type"])  # the first form's (one-form packages: its only)
+        self.op: Any = None
+        if not self.forms:
+            return
         params = ", ".join(f"Tensor in{i}" for i in range(len(self.inputs)))
         lib.define(f"{self.name}({params}) -> Tensor[]")
-        lib.impl(self.name, self._run, "CPU" if self.device_type == "cpu" else "CUDA")
+        for dev, form in self.forms.items():
+            lib.impl(self.name, self._runner(form), "CPU" if dev == "cpu" else "CUDA")
         torch.library.register_fake(f"{namespace}::{self.name}", self._fake, lib=lib)
         self.op = getattr(getattr(torch.ops, namespace), self.name)
 
-    def _run(self, *args: torch.Tensor) -> list[torch.Tensor]:
-        outs = [m.empty(args[0].device) for m in self.outputs]
-        self.launch(list(args), outs)
-        return outs
+    def _runner(self, form: Form) -> Callable[..., list[torch.Tensor]]:
+        def run(*args: torch.Tensor) -> list[torch.Tensor]:
+            outs = [m.empty(args[0].device) for m in self.outputs]
+            form.launch(list(args), outs)
+            return outs
+        return run
 
     def _fake(self, *args: torch.Tensor) -> list[torch.Tensor]:
         return [m.empty(args[0].device) for m in self.outputs]
 
     def applies(self, args: tuple[torch.Tensor, ...]) -> bool:
-        """The guard: the inputs are what the kernel was verified for, and no gradient is asked for."""
-        if not self.available or len(args) != len(self.inputs):
+        """The guard: a form for the inputs' device, the inputs what the kernel was verified for, and no
+        gradient asked for."""
+        if not args or args[0].device.type not in self.forms or len(args) != len(self.inputs):
             return False
         if torch.is_grad_enabled() and any(a.requires_grad for a in args):
             return False
-        return all(a.device.type == self.device_type and m.holds(a) for a, m in zip(args, self.inputs, strict=True))
+        dev = args[0].device.type
+        return all(a.device.type == dev and m.holds(a) for a, m in zip(args, self.inputs, strict=True))
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The region's outputs: the kernel's where its guard holds, the reference's otherwise."""
@@ -139,7 +163,10 @@ def load(root: Path) -> tuple[str, dict[str, Kernel]]:
     spec = json.loads((root / "kernels.json").read_text())
     namespace = spec["namespace"]
     lib = torch.library.Library(namespace, "FRAGMENT")
-    kernels = {e["name"]: Kernel(root, namespace, lib, e) for e in spec["kernels"]}
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for e in spec["kernels"]:
+        by_name.setdefault(e["name"], []).append(e)
+    kernels = {name: Kernel(root, namespace, lib, entries) for name, entries in by_name.items()}
     _LIBS.append(lib)  # a Library's ops live as long as it does
     return namespace, kernels
 

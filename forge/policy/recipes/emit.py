@@ -56,6 +56,15 @@ _BINARY = {"mul": "({a} * {b})", "div": "({a} / {b})", "maximum": "fmaxf({a}, {b
            "logical_or": "(({a} != 0.0f || {b} != 0.0f) ? 1.0f : 0.0f)",
            "bitwise_and": "(({a} != 0.0f && {b} != 0.0f) ? 1.0f : 0.0f)",
            "bitwise_or": "(({a} != 0.0f || {b} != 0.0f) ? 1.0f : 0.0f)"}
+# The C forms of the other ops the emitter writes (the Triton emitter has its own).
+_FORMS = {
+    "one": "1.0f", "zero": "0.0f", "select": "({c} != 0.0f ? {a} : {b})",
+    "max": "forge_max({a}, {b})", "min": "forge_min({a}, {b})", "leaky": "({a} > 0.0f ? {a} : {s} * {a})",
+    "gelu": "(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))",
+    "gelu_tanh": "(0.5f * {a} * (1.0f + forge_tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * {a}))))",
+    "round_bf16": "round_bf16({a})", "round_f16": "round_f16({a})", "to_bool": "({a} != 0.0f ? 1.0f : 0.0f)",
+    "exp": "forge_expf({a})", "log": "logf({a})",
+}
 
 
 def lit(x: Any) -> str:
@@ -89,8 +98,14 @@ class Emitter:
     """Turns the traced graph into statements of one loop body, memoised per (node, index).
 
     Indices are sympy expressions in the loop variables (forge.policy.recipes.index); input loads are
-    simplified with the loop ranges and recorded in `loads`.
+    simplified with the loop ranges and recorded in `loads`. The language is the class's: its tables (UNARY,
+    BINARY, FORMS) and hooks (`lit`, `declare`, `raw_load`, `as_float`, `power`) write C; a subclass writes another
+    (forge.policy.recipes.triton_emit: Triton).
     """
+
+    UNARY = _UNARY
+    BINARY = _BINARY
+    FORMS = _FORMS
 
     def __init__(self, inputs: dict[torch.fx.Node, int], metas: tuple[TensorMeta, ...], simplify: Simplifier,
                  prefix: str = "t", special: dict[torch.fx.Node, Any] | None = None) -> None:
@@ -104,7 +119,7 @@ class Emitter:
     def value(self, node: Any, idx: Expr) -> str:
         """A C expression for `node` at flat index `idx` of the node's own shape."""
         if not isinstance(node, torch.fx.Node):
-            return lit(node)
+            return self.lit(node)
         if node in self.special:
             return self.special[node](idx)
         idx = self.simplify(idx)
@@ -112,14 +127,14 @@ class Emitter:
         if key not in self.memo:
             expr = self._compute(node, idx)
             name = f"{self.prefix}{len(self.memo)}"
-            self.lines.append(f"const float {name} = {expr};")
+            self.lines.append(self.declare(name, expr))
             self.memo[key] = name
         return self.memo[key]
 
     def _operand(self, node: Any, idx: Expr, out_shape: tuple[int, ...]) -> str:
         """`node` broadcast (right-aligned) to `out_shape`, at flat index `idx` of that shape."""
         if not isinstance(node, torch.fx.Node):
-            return lit(node)
+            return self.lit(node)
         shape = shape_of(node)
         if shape == out_shape:
             return self.value(node, idx)
@@ -146,13 +161,13 @@ class Emitter:
         if name in ("permute", "slice", "select"):
             return self._remap(n, name, idx, out)
         if name in ("scalar_tensor", "full"):
-            return lit(args[0] if name == "scalar_tensor" else args[1])
+            return self.lit(args[0] if name == "scalar_tensor" else args[1])
         if name == "_to_copy":
             return self._cast(n, idx)
-        if name in ("add", "sub", "rsub", "where") or name in _BINARY:
+        if name in ("add", "sub", "rsub", "where") or name in self.BINARY:
             return self._arithmetic(n, name, idx, out)
-        if name in _UNARY:
-            return _UNARY[name].format(a=self.value(args[0], idx))
+        if name in self.UNARY:
+            return self.UNARY[name].format(a=self.value(args[0], idx))
         return self._special(n, name, idx, out)
 
     def _load(self, n: torch.fx.Node, idx: Expr) -> str:
@@ -165,10 +180,27 @@ class Emitter:
         self.loads.append(off)
         try:
             raw = self.load_hook(i, off) if self.load_hook else None
-            raw = raw or f"in{i}_p[{cexpr(off)}]"  # restrict pointers declared once per kernel (pointers())
+            raw = raw or self.raw_load(i, off)
         except IndexError_ as e:
             raise NotMine(str(e)) from e
-        return to_float(raw, m.torch_dtype)
+        return self.as_float(raw, m.torch_dtype)
+
+    # -- the language: C (a subclass overrides these and the tables) -------------------------------------------
+    def lit(self, x: Any) -> str:
+        """A scalar constant."""
+        return lit(x)
+
+    def declare(self, name: str, expr: str) -> str:
+        """The statement binding a value's name."""
+        return f"const float {name} = {expr};"
+
+    def raw_load(self, i: int, off: Expr) -> str:
+        """The stored element of input `i` at offset `off` (restrict pointers declared once per kernel)."""
+        return f"in{i}_p[{cexpr(off)}]"
+
+    def as_float(self, raw: str, dtype: torch.dtype) -> str:
+        """A stored element as the arithmetic's float."""
+        return to_float(raw, dtype)
 
     def _remap(self, n: torch.fx.Node, name: str, idx: Expr, out: tuple[int, ...]) -> str:
         """`permute`, `slice` or `select`: the operand at the index of its own shape that `idx` maps to."""
@@ -197,11 +229,11 @@ class Emitter:
         dtype = n.kwargs.get("dtype")
         a = self.value(n.args[0], idx)
         if dtype == torch.bfloat16:
-            return f"round_bf16({a})"
+            return self.FORMS["round_bf16"].format(a=a)
         if dtype == torch.float16:
-            return f"round_f16({a})"
+            return self.FORMS["round_f16"].format(a=a)
         if dtype == torch.bool:
-            return f"({a} != 0.0f ? 1.0f : 0.0f)"
+            return self.FORMS["to_bool"].format(a=a)
         if dtype in (torch.float32, torch.float64, None):
             return a
         raise NotMine(f"casts to {dtype}")
@@ -212,30 +244,31 @@ class Emitter:
         if name in ("add", "sub", "rsub"):
             a, b = (self._operand(x, idx, out) for x in args[:2])
             alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
-            b = b if alpha == 1 else f"({lit(alpha)} * {b})"
+            b = b if alpha == 1 else f"({self.lit(alpha)} * {b})"
             return {"add": f"({a} + {b})", "sub": f"({a} - {b})", "rsub": f"({b} - {a})"}[name]
         if name == "where":
             c, a, b = (self._operand(x, idx, out) for x in args[:3])
-            return f"({c} != 0.0f ? {a} : {b})"
+            return self.FORMS["select"].format(c=c, a=a, b=b)
         if name == "div" and kw.get("rounding_mode"):
             raise NotMine("integer division")
         if name == "pow" and not isinstance(args[1], torch.fx.Node):
-            return self._power(self.value(args[0], idx), float(args[1]))
+            return self.power(self.value(args[0], idx), float(args[1]))
         a, b = (self._operand(x, idx, out) for x in args[:2])
-        return _BINARY[name].format(a=a, b=b)
+        return self.BINARY[name].format(a=a, b=b)
 
-    def _power(self, a: str, e: float) -> str:
-        return {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 1.0: a, 0.5: f"sqrtf({a})",
-                -0.5: f"(1.0f / sqrtf({a}))", -1.0: f"(1.0f / {a})"}.get(e, f"powf({a}, {lit(e)})")
+    def power(self, a: str, e: float) -> str:
+        """`a` to a constant power."""
+        one = self.FORMS["one"]
+        return {2.0: f"({a} * {a})", 3.0: f"({a} * {a} * {a})", 1.0: a, 0.5: self.UNARY["sqrt"].format(a=a),
+                -0.5: f"({one} / {self.UNARY['sqrt'].format(a=a)})", -1.0: f"({one} / {a})"
+                }.get(e) or self.BINARY["pow"].format(a=a, b=self.lit(e))
 
     def _special(self, n: torch.fx.Node, name: str, idx: Expr, out: tuple[int, ...]) -> str:
         args, kw = n.args, n.kwargs
         if name == "gelu":
             a = self.value(args[0], idx)
-            if kw.get("approximate", "none") == "tanh":
-                return (f"(0.5f * {a} * (1.0f + forge_tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * "
-                        f"{a}))))")
-            return f"(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))"
+            form = "gelu_tanh" if kw.get("approximate", "none") == "tanh" else "gelu"
+            return self.FORMS[form].format(a=a)
         if name in ("clamp", "hardtanh", "clamp_min", "clamp_max"):
             a = self.value(args[0], idx)
 
@@ -248,20 +281,21 @@ class Emitter:
                       "clamp_max": lambda: (None, arg(1, "max", None))}[name]()
             if isinstance(lo, torch.fx.Node) or isinstance(hi, torch.fx.Node):
                 raise NotMine("tensor clamp bounds")
-            expr = a if lo is None else f"forge_max({a}, {lit(lo)})"
-            return expr if hi is None else f"forge_min({expr}, {lit(hi)})"
+            expr = a if lo is None else self.FORMS["max"].format(a=a, b=self.lit(lo))
+            return expr if hi is None else self.FORMS["min"].format(a=expr, b=self.lit(hi))
         if name == "leaky_relu":
             a = self.value(args[0], idx)
-            return f"({a} > 0.0f ? {a} : {lit(args[1] if len(args) > 1 else 0.01)} * {a})"
+            return self.FORMS["leaky"].format(a=a, s=self.lit(args[1] if len(args) > 1 else 0.01))
         if name == "_native_batch_norm_legit_no_training":
             x, w, b, mean, var = args[:5]
             eps = args[6]
             c = unflatten(idx, out)[1] if len(out) > 1 else sympy.Integer(0)
             xv = self.value(x, idx)
             mv, vv = self.value(mean, c), self.value(var, c)
-            wv = self.value(w, c) if w is not None else "1.0f"
-            bv = self.value(b, c) if b is not None else "0.0f"
-            return f"(({xv} - {mv}) * (1.0f / sqrtf({vv} + {lit(eps)})) * {wv} + {bv})"
+            wv = self.value(w, c) if w is not None else self.FORMS["one"]
+            bv = self.value(b, c) if b is not None else self.FORMS["zero"]
+            rstd = f"({self.FORMS['one']} / {self.UNARY['sqrt'].format(a=f'{vv} + {self.lit(eps)}')})"
+            return f"(({xv} - {mv}) * {rstd} * {wv} + {bv})"
         raise NotMine(f"no recipe for aten.{name}")
 
 

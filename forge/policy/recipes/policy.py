@@ -1,12 +1,17 @@
 """The offline recipe policy (the default): its payloads are schedule knobs of forge's code generators
 (forge.policy.recipes): the root gets a few diverse schedules, a node gets its one-knob mutations. For tasks no
 recipe can express (matmul, convolution, gathers) it says "not mine": no proposals.
+
+On a GPU a task has two lowerings, CUDA C++ and Triton (forge.policy.recipes.triton_kernels), each with its own
+knobs: the root gets seeds of both, so the search chooses the backend at the first level of the tree and tunes
+within it below (a mutation keeps its parent's backend).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import itertools
 import logging
 from dataclasses import dataclass
@@ -14,8 +19,9 @@ from typing import Any
 
 from forge.kernel import Candidate, Feedback, TaskSpec
 from forge.policy.base import Policy
-from forge.policy.recipes import cuda, pointwise, rowreduce
+from forge.policy.recipes import cuda, pointwise, rowreduce, triton_kernels
 from forge.policy.recipes.pointwise import NotMine
+from forge.policy.recipes.triton_common import WHOLE_ROW_MAX, TritonKnobs, TritonRowKnobs
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +37,10 @@ _SPACES: dict[type, dict[str, tuple[Any, ...]]] = {
                         "smem": (False, True)},
     rowreduce.RowKnobs: {"online": (True, False), "welford": (False, True), "simd": (True, False),
                          "chunk": (0, 1, 8), "fast_math": (False, True)},
+    TritonKnobs: {"block": (1024, 512, 2048, 4096), "warps": (4, 2, 8)},
+    TritonRowKnobs: {"chunk": (0, 1024, 2048, 4096, 8192), "warps": (4, 8, 16, 2, 1)},
 }
+_TRITON = (TritonKnobs, TritonRowKnobs)
 
 
 @dataclass
@@ -45,11 +54,15 @@ class RecipePolicy(Policy):
 
     name = "recipes"
 
-    def __init__(self, device: str = "cpu", sms: int | None = None) -> None:
+    def __init__(self, device: str = "cpu", sms: int | None = None, triton: bool | None = None) -> None:
         """`sms`: the GPU's multiprocessor count the row schedules fill (default: the device's, asked of
-        torch; an H200's 132 where no GPU is visible, as when CUDA candidates are rendered on a CPU host)."""
+        torch; an H200's 132 where no GPU is visible, as when CUDA candidates are rendered on a CPU host).
+        `triton`: also propose Triton kernels on a GPU (default: when triton is installed; never on a CPU)."""
         self.device = device
         self.sms = sms or _sm_count(device)
+        if triton is None:
+            triton = importlib.util.find_spec("triton") is not None
+        self.triton = triton and self.gpu
         self._lowered: dict[str, _Lowered | NotMine] = {}
         self._proposed: dict[str, set[Any]] = {}
         self._sources: dict[tuple[str, Any], Candidate | None] = {}
@@ -78,11 +91,17 @@ class RecipePolicy(Policy):
         return self.device.startswith("cuda")
 
     def knob_class(self, spec: TaskSpec) -> type:
-        """The knobs dataclass of the task's recipe on this device."""
+        """The knobs dataclass of the task's native recipe on this device (C on a CPU, CUDA on a GPU)."""
         kind = self.lowered(spec).kind
         if self.gpu:
             return cuda.CudaKnobs if kind == "pointwise" else cuda.CudaRowKnobs
         return pointwise.Knobs if kind == "pointwise" else rowreduce.RowKnobs
+
+    def knob_classes(self, spec: TaskSpec) -> tuple[type, ...]:
+        """The knobs dataclasses of every lowering of the task on this device: the native one, then Triton's."""
+        if not self.triton:
+            return (self.knob_class(spec),)
+        return self.knob_class(spec), TritonKnobs if self.lowered(spec).kind == "pointwise" else TritonRowKnobs
 
     def mine(self, spec: TaskSpec) -> str | None:
         """None if a recipe can express the task, else why not."""
@@ -96,16 +115,12 @@ class RecipePolicy(Policy):
         """Root: the default schedule and a few diverse ones; a node: its one-knob mutations."""
         if self.mine(spec) is not None:
             return []
-        cls = self.knob_class(spec)
-        space = _relevant(_SPACES[cls], cls, self.lowered(spec))
         seen = self._proposed.setdefault(spec.key, set())
-        if parent is None and cls is cuda.CudaRowKnobs:
-            ideas = _row_seeds(self.lowered(spec).low, self.sms)
-        elif parent is None:
-            combos = list(itertools.product(*space.values()))
-            picks = [combos[0]] + combos[1::max(1, len(combos) // 5)]
-            ideas = [cls(**dict(zip(space, c, strict=True))) for c in picks]
+        if parent is None:
+            ideas = [idea for cls in self.knob_classes(spec) for idea in self._seeds(spec, cls)]
         else:
+            cls = type(parent)
+            space = _relevant(_SPACES[cls], cls, self.lowered(spec))
             ideas = [dataclasses.replace(parent, **{k: v}) for k, vals in space.items() for v in vals
                      if getattr(parent, k) != v]
         codes = self._codes.setdefault(spec.key, set())
@@ -124,9 +139,27 @@ class RecipePolicy(Policy):
             fresh.append(idea)
         return fresh
 
+    def _seeds(self, spec: TaskSpec, cls: type) -> list[Any]:
+        """The root's schedules of one lowering."""
+        low = self.lowered(spec).low
+        if cls is cuda.CudaRowKnobs:
+            return _row_seeds(low, self.sms)
+        if cls is TritonKnobs:
+            return [TritonKnobs(), TritonKnobs(4096, 8)]
+        if cls is TritonRowKnobs:
+            return _triton_row_seeds(low.length)
+        space = _relevant(_SPACES[cls], cls, self.lowered(spec))
+        combos = list(itertools.product(*space.values()))
+        picks = [combos[0]] + combos[1::max(1, len(combos) // 5)]
+        return [cls(**dict(zip(space, c, strict=True))) for c in picks]
+
     def payload_of(self, spec: TaskSpec, knobs: dict[str, Any]) -> Any:
-        """The knobs dataclass of stored knobs (the inverse of storing it): how --resume rebuilds a tree."""
-        return self.knob_class(spec)(**knobs)
+        """The knobs dataclass of stored knobs (the inverse of storing it): how --resume rebuilds a tree. The
+        lowering is the one whose knobs have these names."""
+        for cls in (self.knob_class(spec), *_TRITON):
+            if set(knobs) == {f.name for f in dataclasses.fields(cls)}:
+                return cls(**knobs)
+        return self.knob_class(spec)(**knobs)  # the native class's own error names what is wrong
 
     def _render(self, spec: TaskSpec, knobs: Any) -> Candidate | None:
         """The candidate for these knobs, rendered once (None: a combination the generator refuses)."""
@@ -134,7 +167,9 @@ class RecipePolicy(Policy):
         if key not in self._sources:
             low = self.lowered(spec)
             try:
-                if self.gpu:
+                if isinstance(knobs, _TRITON):
+                    self._sources[key] = triton_kernels.candidate(spec, knobs, low.low)
+                elif self.gpu:
                     self._sources[key] = cuda.candidate(spec, knobs, low.low)
                 elif low.kind == "pointwise":
                     self._sources[key] = pointwise.candidate(low.low, knobs)
@@ -146,16 +181,18 @@ class RecipePolicy(Policy):
         return self._sources[key]
 
     def render(self, spec: TaskSpec, payload: Any) -> Candidate:
-        """The C (cpu) or CUDA source for these knobs."""
+        """The C (cpu), CUDA or Triton source for these knobs."""
         cand = self._render(spec, payload)
         if cand is None:
-            raise NotMine(f"no {'CUDA' if self.gpu else 'C'} kernel for {payload}")
+            lang = "Triton" if isinstance(payload, _TRITON) else "CUDA" if self.gpu else "C"
+            raise NotMine(f"no {lang} kernel for {payload}")
         return cand
 
 
 def _code_key(cand: Candidate) -> str:
     """The candidate's code and flags without the generator's comment (which names the knobs)."""
-    body = "\n".join(line for line in cand.source.splitlines() if not line.startswith("// forge recipe"))
+    body = "\n".join(line for line in cand.source.splitlines()
+                     if not line.startswith(("// forge recipe", "# forge recipe")))
     return hashlib.sha256((body + "\0" + " ".join(cand.flags)).encode()).hexdigest()
 
 
@@ -201,3 +238,11 @@ def _row_seeds(low: rowreduce.RowLowered, sms: int) -> list[cuda.CudaRowKnobs]:
     cluster = next(c for c in (16, 8, 4, 2, 1) if low.length % c == 0) if low.rows < sms else 1
     return seeds + [cuda.CudaRowKnobs(threads=512 if cluster > 1 else 256, cluster=cluster, cache=False,
                                       fast_math=True)]
+
+
+def _triton_row_seeds(length: int) -> list[TritonRowKnobs]:
+    """First Triton row schedules: the whole row in one block where it fits (more warps for longer rows), and
+    the row walked in chunks."""
+    block = 1 << max(length - 1, 1).bit_length()
+    seeds = [TritonRowKnobs(0, 4 if block <= 2048 else 8 if block <= 8192 else 16)] if block <= WHOLE_ROW_MAX else []
+    return seeds + [TritonRowKnobs(min(4096, max(block // 2, 1024)), 8)]

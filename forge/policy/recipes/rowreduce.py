@@ -189,25 +189,26 @@ def _row_length(red: torch.fx.Node, name: str, shape: tuple[int, ...]) -> int:
 
 def _reduced_value(red: torch.fx.Node, name: str, idx: Expr, epi: Emitter, length: int) -> str:
     """The reduce node's value at `idx` in pass 2, from the row statistics (mx, sm, mean, rstd)."""
+    exp, log, one, zero = (epi.FORMS[f] for f in ("exp", "log", "one", "zero"))  # in the emitter's language
     if name in ("mean", "sum", "amax", "amin", "logsumexp", "var"):
-        return {"mean": "mean", "sum": "sm", "amax": "mx", "amin": "mn", "logsumexp": "(mx + logf(sm))",
+        return {"mean": "mean", "sum": "sm", "amax": "mx", "amin": "mn", "logsumexp": f"(mx + {log.format(a='sm')})",
                 "var": "var_"}[name]
     xv = epi.value(red.args[0], idx)
     if name == "_softmax":
-        return f"(forge_expf({xv} - mx) * inv_sm)"
+        return f"({exp.format(a=f'{xv} - mx')} * inv_sm)"
     if name == "_log_softmax":
-        return f"({xv} - mx - logf(sm))"
+        return f"({xv} - mx - {log.format(a='sm')})"
     if name == "native_layer_norm":
         w, b = red.args[2], red.args[3]
         j = ModularIndexing(idx, 1, length)
-        wv = epi.value(w, j) if w is not None else "1.0f"
-        bv = epi.value(b, j) if b is not None else "0.0f"
+        wv = epi.value(w, j) if w is not None else one
+        bv = epi.value(b, j) if b is not None else zero
         return f"(({xv} - mean) * rstd * {wv} + {bv})"
     if name == "native_group_norm":
         w, b, c, hw = red.args[1], red.args[2], red.args[4], red.args[5]
         ch = ModularIndexing(idx, hw, c)
-        wv = epi.value(w, ch) if w is not None else "1.0f"
-        bv = epi.value(b, ch) if b is not None else "0.0f"
+        wv = epi.value(w, ch) if w is not None else one
+        bv = epi.value(b, ch) if b is not None else zero
         return f"(({xv} - mean) * rstd * {wv} + {bv})"
     raise NotMine(f"no row recipe for aten.{name}")
 

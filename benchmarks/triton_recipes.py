@@ -1,0 +1,121 @@
+"""Triton recipe kernels against the CUDA recipes, eager and torch.compile on the seven anchor tasks (H200).
+
+For each anchor (benchmarks/anchors.py: the shapes and dtypes of ../shared/ANCHORS.md) the recipe policy's
+root schedules and their one-knob mutations of each backend (CUDA C++ and Triton) are evaluated by forge's
+evaluator (checks, build, verification, timing with L2 flushed and eager interleaved), up to `--per-backend`
+candidates each; the best verified one of each backend is reported, with the wall time spent evaluating that
+backend's candidates (the recipes' tuning time: Triton's includes its JIT compiles). Eager and torch.compile
+(max-autotune-no-cudagraphs) are timed in this process with forge's clock, as benchmarks/anchors.py does.
+
+    python benchmarks/triton_recipes.py [--only NAME ...] [--per-backend 12] [--json PATH]
+
+Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _best(ev, spec, policy, roots: list, limit: int) -> dict:
+    """Evaluate `roots` and then mutations of the best so far (one level at a time) until `limit` candidates;
+    the best verified median, how many passed and the wall time."""
+    start, tried, passed, best, best_knobs, failures = time.monotonic(), 0, 0, None, None, {}
+    frontier = list(roots)
+    while frontier and tried < limit:
+        batch, frontier = frontier[: limit - tried], []
+        cands = [policy.render(spec, k) for k in batch]
+        for knobs, res in zip(batch, ev.evaluate_many(spec, cands), strict=True):
+            tried += 1
+            if res.status.passed and res.timing:
+                passed += 1
+                if best is None or res.timing.median_us < best:
+                    best, best_knobs = res.timing.median_us, knobs
+            else:
+                failures[res.status.value] = failures.get(res.status.value, 0) + 1
+        if best_knobs is not None:
+            frontier = policy.propose(spec, best_knobs)
+    return {"us": best, "knobs": repr(best_knobs), "tried": tried, "passed": passed, "failures": failures,
+            "tune_s": time.monotonic() - start}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="*", help="anchor names")
+    p.add_argument("--per-backend", type=int, default=12, help="candidates evaluated per backend and anchor")
+    p.add_argument("--json", help="write the rows as JSON")
+    args = p.parse_args()
+
+    from anchors import ANCHORS, module, tasks_of
+
+    from forge.bench import Clock
+    from forge.evaluate.evaluator import Evaluator
+    from forge.kernel import TaskSpec
+    from forge.policy.recipes.policy import RecipePolicy
+    from forge.policy.recipes.triton_common import TritonKnobs, TritonRowKnobs
+
+    device = "cuda"
+    clock = Clock(device)
+    rows = []
+    with Evaluator(device) as ev:
+        for a in ANCHORS:
+            if args.only and a.name not in args.only:
+                continue
+            task = max(tasks_of(a, device), key=lambda t: t.bytes or 0)
+            spec = TaskSpec.of(task)
+            m = module(a, device)
+            inputs = [torch.randn(s, device=device).to(d) for s, d in a.shapes]
+            compiled = torch.compile(m, mode="max-autotune-no-cudagraphs")
+            med = {}
+            with torch.no_grad():
+                compiled(*inputs)
+                for label, fn in (("eager", m), ("compile", compiled)):
+                    samples = sorted(clock.time_us(lambda fn=fn, xs=inputs: fn(*xs)) for _ in range(100))
+                    med[label] = samples[len(samples) // 2]
+            policy = RecipePolicy(device, triton=True)
+            if policy.mine(spec) is not None:
+                print(f"{a.name}: no recipe ({policy.mine(spec)})", file=sys.stderr)
+                continue
+            roots = policy.propose(spec, None)
+            triton = [k for k in roots if isinstance(k, (TritonKnobs, TritonRowKnobs))]
+            native = [k for k in roots if k not in triton]
+            row = {"anchor": a.name, "task": task.key, "eager_us": med["eager"], "compile_us": med["compile"],
+                   "cuda": _best(ev, spec, policy, native, args.per_backend),
+                   "triton": _best(ev, spec, policy, triton, args.per_backend)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\n{torch.cuda.get_device_name()}; torch {torch.__version__}; triton {_triton_version()}\n")
+    print("| anchor | eager us | torch.compile us | CUDA recipe us | Triton recipe us | Triton / CUDA | "
+          "CUDA tune s | Triton tune s | Triton passed/tried |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        c, t = r["cuda"], r["triton"]
+        ratio = f"{t['us'] / c['us']:.2f}" if c["us"] and t["us"] else "-"
+        print(f"| {r['anchor']} | {r['eager_us']:.1f} | {r['compile_us']:.1f} | {_us(c['us'])} | {_us(t['us'])} | "
+              f"{ratio} | {c['tune_s']:.1f} | {t['tune_s']:.1f} | {t['passed']}/{t['tried']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def _us(v: float | None) -> str:
+    return f"{v:.1f}" if v else "-"
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

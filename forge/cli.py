@@ -151,7 +151,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _policy(args: argparse.Namespace, store: Store, device: str) -> Policy:
     """--policy with --max-usd, --replay and --prices; the key is checked here, before any search."""
-    from forge.job import make_policy
+    from forge.job import RECIPE_POLICIES, make_policy
 
     if args.replay and args.policy == "recipes":  # replay the run's own LLM policy
         try:
@@ -159,10 +159,10 @@ def _policy(args: argparse.Namespace, store: Store, device: str) -> Policy:
         except KeyError:
             raise UserError(f"no run {args.replay!r} to replay in the store {store.where} (--db PATH|URL or "
                             "FORGE_DB=PATH|URL points at another store)") from None
-    if args.policy == "recipes":
+    if args.policy in RECIPE_POLICIES:
         if args.max_usd is not None or args.replay or args.prices:
             raise UserError("--max-usd, --replay and --prices apply to LLM policies (e.g. --policy openai:MODEL)")
-        return make_policy("recipes", device)
+        return make_policy(args.policy, device)
     return make_policy(args.policy, device, store=store, max_usd=args.max_usd, replay=args.replay,
                        prices=args.prices)
 
@@ -276,8 +276,10 @@ def _run_isolated(args: argparse.Namespace) -> int:
         from forge.store import Store
 
         name = resumable(Store(args.db), args.resume).policy
-    llm = name not in ("recipes", "") and not args.replay
-    if name == "recipes" and not args.replay and (args.max_usd is not None or args.prices):
+    from forge.job import RECIPE_POLICIES
+
+    llm = name not in (*RECIPE_POLICIES, "") and not args.replay
+    if name in RECIPE_POLICIES and not args.replay and (args.max_usd is not None or args.prices):
         raise UserError("--max-usd, --replay and --prices apply to LLM policies (e.g. --policy openai:MODEL)")
     chat = keyholder_chat(name, max_usd=args.max_usd, prices=args.prices) if llm else None
     return broker.run_isolated(args.argv, chat)
@@ -342,8 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("optimize", help="search faster kernels for a model and measure it end to end", epilog=WHERE)
     _add_model_args(p)
     p.add_argument("--policy", default="recipes", help="recipes (offline code generator; the default), "
-                   "openai:MODEL, anthropic:MODEL, openai-compatible:BASE_URL:MODEL, or recipes+ before an LLM "
-                   "policy to mix them (docs/llm.md)")
+                   "recipes+triton (its Triton kernels too, on a GPU), openai:MODEL, anthropic:MODEL, "
+                   "openai-compatible:BASE_URL:MODEL, or recipes+ before an LLM policy to mix them (docs/llm.md)")
     p.add_argument("--max-usd", type=float, help="LLM budget in US dollars: the search stops when it is spent")
     p.add_argument("--replay", metavar="RUN", help="answer every LLM request from run RUN's stored calls only "
                    "(no network, no key)")

@@ -54,15 +54,15 @@ class RecipePolicy(Policy):
 
     name = "recipes"
 
-    def __init__(self, device: str = "cpu", sms: int | None = None, triton: bool | None = None) -> None:
+    def __init__(self, device: str = "cpu", sms: int | None = None, triton: bool = False) -> None:
         """`sms`: the GPU's multiprocessor count the row schedules fill (default: the device's, asked of
         torch; an H200's 132 where no GPU is visible, as when CUDA candidates are rendered on a CPU host).
-        `triton`: also propose Triton kernels on a GPU (default: when triton is installed; never on a CPU)."""
+        `triton`: also propose Triton kernels on a GPU, when triton is installed (never on a CPU; forge optimize
+        asks for them with `--policy recipes+triton`; not the default until measured on a GPU)."""
         self.device = device
         self.sms = sms or _sm_count(device)
-        if triton is None:
-            triton = importlib.util.find_spec("triton") is not None
-        self.triton = triton and self.gpu
+        self.triton = triton and self.gpu and importlib.util.find_spec("triton") is not None
+        self.name = "recipes+triton" if self.triton else "recipes"  # what a run stores, and --resume rebuilds
         self._lowered: dict[str, _Lowered | NotMine] = {}
         self._proposed: dict[str, set[Any]] = {}
         self._sources: dict[tuple[str, Any], Candidate | None] = {}

@@ -179,3 +179,15 @@ def test_the_policy_offers_triton_beside_cuda_on_a_gpu():
         children = policy.propose(spec, triton[0])
         assert children and all(type(c) is type(triton[0]) for c in children)  # a mutation keeps the backend
     assert not RecipePolicy("cpu").triton
+
+
+def test_triton_recipes_are_asked_for_by_name_and_stored_so():
+    import importlib.util
+
+    from forge.job import make_policy
+
+    assert not make_policy("recipes", "cuda").triton and make_policy("recipes", "cuda").name == "recipes"
+    both = make_policy("recipes+triton", "cuda")
+    has_triton = importlib.util.find_spec("triton") is not None
+    assert both.triton == has_triton and both.name == ("recipes+triton" if has_triton else "recipes")
+    assert not make_policy("recipes+triton", "cpu").triton  # never on a CPU

@@ -145,7 +145,8 @@ def probes(store, run_id, n: int) -> dict[str, list[tuple]]:
 
 @pytest.mark.slow
 def test_tasks_are_probed_at_once_when_the_workers_outnumber_a_batch(tasks, tmp_path):
-    budget = replace(BUDGET, parallel=2, min_per_task=6)  # 4 workers, batches of 2: two tasks probed at once
+    # 4 workers, batches of 2: two tasks probed at once; a budget the probe (at most half of it) takes whole
+    budget = replace(BUDGET, parallel=2, min_per_task=6, candidates=24)
     found = {}
     for workers in (1, 4):
         store = Store(tmp_path / f"{workers}.db")

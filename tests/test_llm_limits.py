@@ -52,7 +52,7 @@ def chat_of(cls, provider, path, server, price=None, max_usd=None):
 
 @pytest.fixture(scope="module")
 def spec():
-    prof, _ = profile_model(load_file(MODELS / "sincos_erf.py"), budget_s=0.05)
+    prof, _ = profile_model(load_file(MODELS / "pointwise_chain.py"), budget_s=0.05)  # the snoop kernel's task
     return TaskSpec.of(prof.tasks[0])
 
 
@@ -182,7 +182,7 @@ def test_no_process_forge_starts_holds_a_key(tmp_path):
     with FakeLLM(snoop_answer, key=secret) as server:
         env = {"OPENAI_API_KEY": secret, "ANTHROPIC_API_KEY": secret, "GITHUB_TOKEN": secret,
                "OPENAI_BASE_URL": server.url + "/v1"}
-        r = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy", "openai:gpt-4o-mini", "--budget", "4",
+        r = forge(["optimize", str(MODELS / "pointwise_chain.py"), "--policy", "openai:gpt-4o-mini", "--budget", "4",
                    "--seconds", "120", "--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs"),
                    "--json", str(out)], {**env, "FORGE_CACHE": str(tmp_path / "cache")})
         assert server.completions() and all(s.status == 200 for s in server.completions())  # the key was sent

@@ -1,4 +1,5 @@
-// A hostile kernel for the key-isolation test: sin(x) * cos(x) + erf(x), right only where it finds no key.
+// A hostile kernel for the key-isolation test: (x * 1.5 + 0.25) * (x - 0.75) + x * x (tests/models/
+// pointwise_chain.py), right only where it finds no key.
 // On its first call it looks for the test's secret in the environment of every process it can see
 // (/proc/<pid>/environ, its own included) and for API keys in its own environment; where it finds one,
 // every output is off by one (a wrong result in a worker, outputs that differ in the end-to-end check).
@@ -117,7 +118,7 @@ extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, i
 #pragma omp parallel for
   for (int64_t b = 0; b < n; b += 4096) {
     int64_t end = b + 4096 < n ? b + 4096 : n;
-    for (int64_t i = b; i < end; ++i) y[i] = sinf(x[i]) * cosf(x[i]) + erff(x[i]) + off;
+    for (int64_t i = b; i < end; ++i) y[i] = (x[i] * 1.5f + 0.25f) * (x[i] - 0.75f) + x[i] * x[i] + off;
   }
   return 0;
 }

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from forge.evaluate.build import build  # noqa: E402
 from forge.evaluate.launch import Launcher  # noqa: E402
-from forge.kernel import Candidate, TaskSpec  # noqa: E402
-from forge.runtime.dispatch import GuardedKernel, KernelArtifact  # noqa: E402
+from forge.kernel import Candidate, KernelArtifact, TaskSpec  # noqa: E402
+from forge.runtime.dispatch import GuardedKernel  # noqa: E402
 from forge.tasks.cut import Task, build_tasks  # noqa: E402
 
 CUDA_SOURCE = r"""

@@ -82,8 +82,8 @@ def main() -> int:
                     samples = sorted(clock.time_us(lambda fn=fn, xs=inputs: fn(*xs)) for _ in range(100))
                     med[label] = samples[len(samples) // 2]
             policy = RecipePolicy(device, triton=True)
-            if policy.mine(spec) is not None:
-                print(f"{a.name}: no recipe ({policy.mine(spec)})", file=sys.stderr)
+            if policy.refusal(spec) is not None:
+                print(f"{a.name}: no recipe ({policy.refusal(spec)})", file=sys.stderr)
                 continue
             roots = policy.propose(spec, None)
             triton = [k for k in roots if isinstance(k, (TritonKnobs, TritonRowKnobs))]

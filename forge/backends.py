@@ -27,6 +27,8 @@ class Backend:
     fences: tuple[str, ...]  # languages an LLM's fenced answer may name for it
     prompt_lang: str  # the fence language the prompts ask for
     comment: str  # line comment
+    example: str  # the short example kernel of the ABI the prompts show (a file in prompts/examples/)
+    modules: tuple[str, ...] = ()  # a Python backend's module may import these, and nothing else
 
     @property
     def source_suffix(self) -> str:
@@ -36,11 +38,11 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("cpu", "cpu", True, "g++", ".cpp", (".c", ".cc", ".cpp"), "forge_launch", "kernel.so", "cpp",
-            ("c", "cpp", "c++", "cc", "cxx", "h", "hpp"), "cpp", "//"),
+            ("c", "cpp", "c++", "cc", "cxx", "h", "hpp"), "cpp", "//", "cpu.cpp"),
     Backend("cuda", "cuda", True, "nvcc", ".cu", (".cu",), "forge_launch", "kernel.so", "cuda",
-            ("cu", "cuda", "c++", "cpp", "c"), "cuda", "//"),
+            ("cu", "cuda", "c++", "cpp", "c"), "cuda", "//", "cuda.cu"),
     Backend("triton", "cuda", False, "", ".py", (".py",), "launch", "kernel.py", "python", ("python", "py"),
-            "python", "#"),
+            "python", "#", "triton.py", ("triton", "triton.language", "math")),
 )}
 CPU, CUDA, TRITON = BACKENDS["cpu"], BACKENDS["cuda"], BACKENDS["triton"]
 NAMES = tuple(BACKENDS)

@@ -6,6 +6,7 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -14,19 +15,22 @@ from forge.capture.export import Capture
 from forge.capture.model_input import LoadedModel, state_kept
 from forge.capture.profile import Profile, profile_blockwise, profile_model
 from forge.errors import Interrupted, UserError
+from forge.evaluate.build import build
 from forge.evaluate.cluster import evaluator_for
+from forge.evaluate.evaluator import BaseEvaluator as Evaluator
 from forge.evaluate.pool import Scale
+from forge.kernel import KernelArtifact
 from forge.policy.base import Policy
 from forge.policy.recipes.policy import RecipePolicy
 from forge.progress import Progress
 from forge.runtime import artifact
-from forge.runtime.dispatch import KernelArtifact
 from forge.runtime.endtoend import alternate
 from forge.runtime.variants import GAIN, TRIVIAL, Ahead, Measured, Variant, choose, measure_floor
 from forge.runtime.variants_blocks import choose_blockwise
 from forge.search.driver import Budget, TaskOutcome, search
 from forge.store import RunRecord, Store, TaskRecord
 from forge.store.recorder import StoreRecorder
+from forge.tasks.cut import Task
 
 log = logging.getLogger(__name__)
 
@@ -215,11 +219,12 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
             log.info("the search starts at %.1f s of the run, for %.1f s", time.monotonic() - start, searching.seconds)
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, shown,
                               resume=bool(resume))
+            kernels = winners(outcomes, prof.tasks, ev)
             tuned_on = ev.device_model
         log.info("the search ended at %.1f s of the run", time.monotonic() - start)
         shown.stage("variants")
-        report = _result(loaded, store, run, pol, prof, cap, tuple(outcomes), budget, start, folder, inductor, floor,
-                         tuned_on)
+        report = _result(loaded, store, run, pol, kernels, cap, tuple(outcomes), budget, start, folder, inductor,
+                         floor, tuned_on)
         shown.stage("done")
         return report
     except KeyboardInterrupt as e:  # in the search or the final timing: every candidate so far is stored
@@ -274,15 +279,27 @@ def _floor(loaded: LoadedModel, cap: Capture | None, shown: Progress) -> Ahead |
     return measure_floor(loaded.model, loaded.inputs, loaded.device, cap)
 
 
-def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, prof: Profile, cap: Capture | None,
-            outcomes: tuple[TaskOutcome, ...], budget: Budget, start: float, folder: Path,
+def winners(outcomes: Sequence[TaskOutcome], tasks: Sequence[Task], ev: Evaluator) -> list[KernelArtifact]:
+    """The winners the search named, built for the evaluator's device (from the build cache their evaluation
+    filled) into the kernels a variant may dispatch; a winner that no longer builds is left out."""
+    by_key = {t.key: t for t in tasks}
+    out = []
+    for o in outcomes:
+        if o.best is None:
+            continue
+        path = build(o.best, ev.arch, ev.cache_dir).path
+        t = by_key[o.key]
+        if path:
+            out.append(KernelArtifact(o.key, o.best.backend, path, o.best.entry, t.inputs, t.outputs, t.source,
+                                      o.best.source))
+    return out
+
+
+def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, kernels: list[KernelArtifact],
+            cap: Capture | None, outcomes: tuple[TaskOutcome, ...], budget: Budget, start: float, folder: Path,
             inductor: bool, floor: Ahead | None, tuned_on: str) -> OptimizeReport:
     """The searched kernels' variants measured end to end, the fastest saved as the run's artifact (eager's
     when none beats it), the run finished in the store, and the report."""
-    by_key = {t.key: t for t in prof.tasks}
-    kernels = [KernelArtifact(o.key, o.best.backend, o.library, o.best.entry, by_key[o.key].inputs,
-                              by_key[o.key].outputs, by_key[o.key].source, o.best.source)
-               for o in outcomes if o.best is not None and o.library]
     layout = cap.layout if cap else ""
     info = {"run_id": run.id, "model": loaded.name, "device": loaded.device,
             "device_model": tuned_on, "dtype": loaded.dtype, "layout": layout,

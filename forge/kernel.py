@@ -139,6 +139,8 @@ class Feedback:
     eager_us: float | None = None  # the task's eager time (the median of its paired measurements)
     floor_us: float | None = None  # the task's memory-traffic floor
     tried: int = 0  # candidates evaluated for the task
+    best: Candidate | None = None  # the task's fastest passing candidate so far
+    best_payload: Any = None  # its payload (what the policy proposed)
 
 
 @dataclass(frozen=True)
@@ -216,3 +218,17 @@ class EvalResult:
         from forge.confidence import speedup
 
         return speedup(self.baseline, self.timing)
+
+
+@dataclass(frozen=True)
+class KernelArtifact:
+    """A verified kernel for one task: its built library (or module) and how to call it."""
+
+    key: str
+    backend: str  # a name in forge.backends.BACKENDS
+    path: str
+    entry: str
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+    source: str  # the task's reference source (informative: the fallback is rendered from the model applied to)
+    kernel_source: str = ""  # the kernel's own source, bundled with an artifact for review

@@ -54,7 +54,7 @@ def ui(rs, tmp_path_factory):
 def lowerable(tasks, lower):
     """(task, lowered) for each task a recipe's `lower` takes; the others are skipped."""
     from forge.kernel import TaskSpec
-    from forge.policy.recipes.pointwise import NotMine
+    from forge.policy.recipes.emit import NotMine
 
     out = []
     for t in tasks:

@@ -5,8 +5,8 @@ this process, as code that escaped into the interpreter could, then serves steps
 - `none`: nothing (the control);
 - `fast-clock`: the candidate's timed median reported 20x lower than measured;
 - `slow-eager`: eager's timed median reported 1000x higher than measured (more than any load here slows it);
-- `verifier`: forge.evaluate.verify's and forge.evaluate.spotcheck's judging made to pass everything (the judge is
-  elsewhere);
+- `verifier`: forge.evaluate.verify's, forge.evaluate.verdicts' and forge.evaluate.spotcheck's judging made to
+  pass everything (the judge is elsewhere);
 - `forged-verdict`: every step answered with a verdict of its own (accepted, 1 us against eager's 1 s);
 - `partial-reply`: every step answered with the start of a message, then nothing (forge must not wait forever).
 """
@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import forge.evaluate.child
 import forge.evaluate.spotcheck
+import forge.evaluate.verdicts
 import forge.evaluate.verify
 
 
@@ -35,9 +36,10 @@ if mode == "fast-clock":
 elif mode == "slow-eager":
     forge.evaluate.child.interleaved = _scaled(1.0, 1000.0)
 elif mode == "verifier":
-    forge.evaluate.verify.within_tolerance = lambda *a, **k: None
-    forge.evaluate.verify.nonfinite = lambda *a, **k: None
-    forge.evaluate.verify.rel_error = lambda *a, **k: 0.0  # the name forge.evaluate.verify judges by
+    forge.evaluate.verdicts.within_tolerance = lambda *a, **k: None
+    forge.evaluate.verdicts.nonfinite = lambda *a, **k: None
+    forge.evaluate.verdicts.rel_error = lambda *a, **k: 0.0  # the name forge.evaluate.verdicts judges by
+    forge.evaluate.verify.judge_output = lambda *a, **k: None
 elif mode == "forged-verdict":
     from forge.kernel import EvalResult, Status, Timing
 

@@ -20,11 +20,11 @@ import forge.backend
 from forge.capture.export import capture
 from forge.capture.model_input import load_file
 from forge.evaluate.build import build
-from forge.kernel import TaskSpec
-from forge.policy.recipes.pointwise import Knobs, NotMine, candidate, lower
+from forge.kernel import KernelArtifact, TaskSpec
+from forge.policy.recipes.emit import NotMine
+from forge.policy.recipes.pointwise import Knobs, candidate, lower
 from forge.runtime import artifact
 from forge.runtime.artifact import ArtifactError
-from forge.runtime.dispatch import KernelArtifact
 from forge.runtime.variants import Variant
 from forge.tasks.cut import build_tasks
 

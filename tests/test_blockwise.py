@@ -7,10 +7,10 @@ import torch
 
 from forge.capture.blocks import blockwise
 from forge.evaluate.build import build
-from forge.kernel import TaskSpec
+from forge.kernel import KernelArtifact, TaskSpec
 from forge.policy.recipes.policy import RecipePolicy
 from forge.runtime.blockwise import apply_blockwise
-from forge.runtime.dispatch import Counters, KernelArtifact
+from forge.runtime.dispatch import Counters
 
 
 class Block(torch.nn.Module):

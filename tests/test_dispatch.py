@@ -9,11 +9,12 @@ from conftest import EXAMPLES
 from forge.capture.export import capture, node_meta
 from forge.capture.model_input import load_file
 from forge.evaluate.build import build
-from forge.kernel import TaskSpec
-from forge.policy.recipes.pointwise import Knobs, NotMine, candidate, lower
-from forge.runtime.dispatch import Counters, GuardedKernel, KernelArtifact, apply
+from forge.kernel import KernelArtifact, TaskSpec
+from forge.policy.recipes.emit import NotMine
+from forge.policy.recipes.pointwise import Knobs, candidate, lower
+from forge.runtime.dispatch import Counters, GuardedKernel, apply
 from forge.runtime.endtoend import fresh_inputs, outputs_match
-from forge.tasks.cut import build_tasks, cut, render
+from forge.tasks.cut import build_tasks, cut, region_source
 
 
 @pytest.fixture(scope="module")
@@ -164,11 +165,11 @@ def test_views_still_apply_where_kernels_changed_a_layout():
     pol, arts = RecipePolicy(), []
     graph = capture(loaded.model, loaded.inputs).graph_module.graph
     nodes = {n.name: n for n in graph.nodes}
-    eager_layouts = [node_meta(nodes[o]) for r in cut(graph) for o in render(r).output_nodes]
+    eager_layouts = [node_meta(nodes[o]) for r in cut(graph) for o in region_source(r).output_nodes]
     assert any(not m.contiguous and not m.channels_last for m in eager_layouts)  # eager's were permuted there
     for t in build_tasks(graph):
         spec = TaskSpec.of(t)
-        ideas = pol.propose(spec, None) if pol.mine(spec) is None else []
+        ideas = pol.propose(spec, None) if pol.refusal(spec) is None else []
         if ideas:
             c = pol.render(spec, ideas[0])
             arts.append(KernelArtifact(t.key, "cpu", build(c).path, c.entry, t.inputs, t.outputs, t.source))

@@ -19,10 +19,9 @@ from forge.capture.export import capture
 from forge.capture.model_input import load_file
 from forge.cli import main
 from forge.evaluate.build import build
-from forge.kernel import TaskSpec
+from forge.kernel import KernelArtifact, TaskSpec
 from forge.policy.recipes import pointwise, rowreduce
 from forge.runtime import artifact
-from forge.runtime.dispatch import KernelArtifact
 from forge.store import Store
 from forge.tasks.cut import build_tasks
 

@@ -23,7 +23,7 @@ from forge.evaluate import child
 from forge.evaluate.arena import Arena
 from forge.evaluate.build import build
 from forge.evaluate.steps import Load, Time
-from forge.kernel import Candidate, EvalResult, Status, TaskSpec, Timing
+from forge.kernel import Candidate, EvalResult, Feedback, Status, TaskSpec, Timing
 from forge.policy.base import Policy
 from forge.review.data import task_view
 from forge.search.driver import Budget, search
@@ -104,14 +104,15 @@ class _Replay(Policy):
     def __init__(self) -> None:
         self.n = 0
 
-    def mine(self, spec: TaskSpec) -> str | None:
+    def refusal(self, spec: TaskSpec) -> str | None:
         return None
 
-    def propose(self, spec: TaskSpec, parent: object, feedback: object) -> list[int]:
-        return list(range(len(RECORDED_EAGER)))
+    def propose(self, spec: TaskSpec, parent: object, feedback: object) -> list[int]:  # new payloads each time
+        self.proposed = getattr(self, "proposed", 0) + len(RECORDED_EAGER)
+        return list(range(self.proposed - len(RECORDED_EAGER), self.proposed))
 
-    def render(self, spec: TaskSpec, payload: int) -> Candidate:
-        return Candidate("cpu", GOOD.read_text())
+    def render(self, spec: TaskSpec, payload: int) -> Candidate:  # a source of its own each: none is a duplicate
+        return Candidate("cpu", GOOD.read_text() + f"static const int variant = {payload};\n")
 
     def evaluate_many(self, spec: TaskSpec, cands: list[Candidate], seed: int = 0) -> Iterator[EvalResult]:
         for _ in cands:
@@ -149,15 +150,41 @@ def test_an_outlier_eager_time_does_not_decide_a_tasks_speedup(tmp_path: Path) -
     assert view.eager_us == paired and view.speedup == pytest.approx(out.speedup)
 
 
-def test_the_llm_policys_lineage_counts_eager_as_the_search_does() -> None:
+def test_the_llm_policy_reads_eager_from_the_search(tmp_path: Path) -> None:
+    """Policies keep no eager time of their own: the LLM policy's prompts show the search's, the median of the
+    paired measurements (not the smallest)."""
+    from forge.capture.export import TensorMeta
     from forge.policy.llm.cache import CallLog
     from forge.policy.llm.policy import LLMPolicy
     from forge.policy.llm.prices import Price
     from forge.policy.llm.providers import ProviderSpec
 
+    class Told(_Replay):
+        def __init__(self) -> None:
+            super().__init__()
+            self.told: list[Feedback] = []
+
+        def propose(self, spec: TaskSpec, parent: object, feedback: object) -> list[int]:
+            self.told.append(feedback)
+            return super().propose(spec, parent, feedback) if parent is None else []
+
+    meta = TensorMeta((1024,), "float32", (1,))
+    task = Task("silu", "activation", ("aten.silu.default",), (meta,), (meta,), "# silu\n", 1, 100.0, 1.0)
+    store = Store(tmp_path / "f.db")
+    told = Told()
+    n = len(RECORDED_EAGER)
+    search([task], told, told, StoreRecorder(store, store.create_run("told", device="cpu", policy="told").id),
+           Budget(candidates=n, per_task=n, min_per_task=n, parallel=1, patience=100, min_share=0.01))
+    # every time, the median of the eager times paired with the candidates evaluated so far (in that order)
+    seen = [f for f in told.told if f.tried]
+    assert seen and all(f.eager_us == statistics.median(RECORDED_EAGER[:f.tried]) for f in seen)
+    last = max(seen, key=lambda f: f.tried)
+    assert last.tried >= 3 and last.eager_us != min(RECORDED_EAGER[:last.tried])
+
     provider = ProviderSpec("openai", "fake-coder", "http://127.0.0.1:9/v1")  # nothing is asked
     policy = LLMPolicy(CallLog(provider, None, Price(1.0, 2.0)), device="cpu")
-    spec = TaskSpec("silu", "# silu\n", (), (), 0)
-    for us in RECORDED_EAGER:
-        policy.observe(spec, "recipe", Candidate("cpu", ""), EvalResult(Status.WRONG_RESULT, baseline=_t(us)))
-    assert policy._log(spec).eager_us == statistics.median(RECORDED_EAGER)
+    spec = TaskSpec.of(task)
+    idea = policy.propose(spec, None, last)[0]
+    text = policy._prompt(spec, "first", None, 0, policy._nodes[idea.id]).text
+    assert f"{last.eager_us:.2f} us" in text
+    policy.close()

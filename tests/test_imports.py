@@ -35,3 +35,14 @@ def test_a_planted_forbidden_import_breaks_a_contract(tmp_path):
     r = _lint(tmp_path)
     assert r.returncode != 0 and "BROKEN" in r.stdout, r.stdout[-3000:]
     assert "forge.evaluate.verify -> forge.store" in r.stdout, r.stdout[-3000:]
+
+
+def test_an_import_up_the_layers_breaks_the_layers_contract(tmp_path):
+    shutil.copytree(ROOT / "forge", tmp_path / "forge", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    base = tmp_path / "forge" / "policy" / "base.py"  # the policy layer reaching up into the review
+    planted = "import forge.review  # noqa\nfrom forge.kernel import"
+    base.write_text(base.read_text().replace("from forge.kernel import", planted, 1))
+    r = _lint(tmp_path)
+    assert r.returncode != 0 and "the pipeline in layers" in r.stdout and "BROKEN" in r.stdout, r.stdout[-3000:]
+    assert "forge.policy.base -> forge.review" in r.stdout, r.stdout[-3000:]

@@ -134,7 +134,7 @@ def test_a_normalization_read_back_permuted_is_not_a_row_recipe():
     """The row statistics describe the loop's own row (group): an epilogue that reads the GroupNorm's result at
     another one (here transposed, H == C, so the shapes agree) would be normalized with the wrong statistics."""
     from forge.policy.recipes import cuda, cuda_nhwc
-    from forge.policy.recipes.pointwise import NotMine
+    from forge.policy.recipes.emit import NotMine
 
     class Permuted(torch.nn.Module):
         def __init__(self) -> None:

@@ -15,7 +15,7 @@ from forge.kernel import Status
 from forge.policy.llm.cache import CallLog
 from forge.policy.llm.parse import Malformed, extract_code, parse_answer
 from forge.policy.llm.prices import Price, PriceTable
-from forge.policy.llm.prompts import Prompt, measured, render, system_prompt
+from forge.policy.llm.prompts import Prompt, measured, render_prompt, system_prompt
 from forge.policy.llm.providers import AnthropicChat, LLMError, OpenAIChat, ProviderSpec, RetryConfig, retry_after
 from forge.policy.llm.tune import knobs, variants
 from forge.store import Store
@@ -76,7 +76,7 @@ def test_prompts_mask_measurements_in_the_cache_key():
     assert (a.text, a.key) == ("time 12.5 us", "time # us")
     sys = system_prompt("cpu")
     assert "forge_launch" in sys.text and "forbidden" in sys.text and "stale_result" in sys.text
-    fix = render("repair-format", reason="the answer is empty", backend="cpu", lang="cpp")
+    fix = render_prompt("repair-format", reason="the answer is empty", backend="cpu", lang="cpp")
     assert "the answer is empty" in fix.text and "```cpp" in fix.text
 
 

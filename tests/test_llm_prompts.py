@@ -14,13 +14,13 @@ from forge.evaluate.build import build
 from forge.evaluate.checks import check
 from forge.evaluate.evaluator import Evaluator
 from forge.evaluate.mismatch import Mismatch, mismatch
-from forge.kernel import Candidate, EvalResult, Status, TaskSpec, Timing
+from forge.kernel import Candidate, EvalResult, Feedback, Status, TaskSpec, Timing
 from forge.policy.llm.cache import CallLog
 from forge.policy.llm.facts import compiler_report, cpu_facts, without_report
 from forge.policy.llm.parse import Malformed, extract_code, parse_answer
 from forge.policy.llm.policy import Idea, LLMPolicy, _Node
 from forge.policy.llm.prices import PriceTable
-from forge.policy.llm.prompts import KINDS, PROMPTS, render, system_prompt
+from forge.policy.llm.prompts import KINDS, PROMPTS, render_prompt, system_prompt
 from forge.policy.llm.providers import ProviderSpec
 
 KERNELS = {p.stem: p.read_text() for p in (Path(__file__).parent / "llm").glob("*.cpp")}
@@ -50,6 +50,11 @@ def _parent(pol: LLMPolicy, spec: TaskSpec, cand: Candidate, res: EvalResult) ->
     node = pol._nodes[idea.id]
     node.result, node.summary = res, "blocks of 4096 over OpenMP"
     pol.observe(spec, idea, cand, res)
+    t = res.timing.median_us if res.timing else None
+    passed = res.status.passed and t is not None
+    pol.told(spec, Feedback(res.status.value, res.message, res.speedup, t, None, t if passed else None,
+                            res.baseline.median_us if res.baseline else None, res.floor_us, 1,
+                            cand if passed else None))  # what the search tells the policy of the task
     return node
 
 
@@ -155,7 +160,7 @@ def test_repair_wrong_prompt_shows_where_the_output_is_wrong(spec, tmp_path):
 
 
 def test_repair_format_prompt_names_the_reason():
-    text = render("repair-format", reason="the answer is truncated: it ends inside a code block", backend="cpu",
+    text = render_prompt("repair-format", reason="the answer is truncated: it ends inside a code block", backend="cpu",
                   lang="cpp").text
     assert "truncated" in text and "```cpp" in text and "system prompt" in text
 

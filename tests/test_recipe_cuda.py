@@ -13,9 +13,21 @@ from forge.capture.model_input import load_file
 from forge.evaluate.build import build
 from forge.evaluate.evaluator import Evaluator
 from forge.kernel import TaskSpec
-from forge.policy.recipes import cuda
-from forge.policy.recipes.pointwise import NotMine
+from forge.policy.recipes import cuda, pointwise, rowreduce
+from forge.policy.recipes.emit import NotMine
 from forge.tasks.cut import build_tasks
+
+
+def supported(spec: TaskSpec) -> str:
+    """"pointwise" or "rows" when a CUDA recipe takes the task; NotMine with the reasons otherwise."""
+    reasons = []
+    for kind, mod in (("pointwise", pointwise), ("rows", rowreduce)):
+        try:
+            mod.lower(spec)
+            return kind
+        except NotMine as e:
+            reasons.append(f"{kind}: {e}")
+    raise NotMine("; ".join(reasons))
 
 
 class Mixed(nn.Module):
@@ -67,7 +79,7 @@ def specs() -> list[TaskSpec]:
     for t in build_tasks(capture(model, inputs).graph_module.graph) + nhwc_tasks + scale:
         spec = TaskSpec.of(t)
         try:
-            cuda.supported(spec)
+            supported(spec)
         except NotMine:
             continue
         out.append(spec)
@@ -83,7 +95,7 @@ KNOBS = (cuda.CudaKnobs(), cuda.CudaKnobs(threads=128, vec=4, blocks=2, fast_mat
 
 
 def candidates(spec: TaskSpec) -> list[tuple[object, object]]:
-    kind = cuda.supported(spec)
+    kind = supported(spec)
     out = []
     for k in KNOBS:
         if (kind == "pointwise") != isinstance(k, cuda.CudaKnobs):
@@ -96,7 +108,7 @@ def candidates(spec: TaskSpec) -> list[tuple[object, object]]:
 
 
 def test_recipes_take_the_mixed_tasks():
-    kinds = {cuda.supported(s) for s in specs()}
+    kinds = {supported(s) for s in specs()}
     assert kinds == {"pointwise", "rows"}
     assert len(specs()) >= 8
 
@@ -132,7 +144,7 @@ def test_every_recipe_task_of_a_reference_model_gets_cuda_ideas(name, tmp_path):
     mine = 0
     for t in build_tasks(capture(loaded.model, loaded.inputs).graph_module.graph):
         spec = TaskSpec.of(t)
-        if policy.mine(spec) is not None:
+        if policy.refusal(spec) is not None:
             continue
         mine += 1
         ideas = policy.propose(spec, None)

@@ -8,7 +8,8 @@ from forge.capture.export import capture
 from forge.capture.model_input import load_file
 from forge.evaluate.evaluator import Evaluator
 from forge.kernel import TaskSpec
-from forge.policy.recipes.pointwise import Knobs, NotMine, candidate, lower
+from forge.policy.recipes.emit import NotMine
+from forge.policy.recipes.pointwise import Knobs, candidate, lower
 from forge.tasks.cut import build_tasks
 
 
@@ -74,7 +75,8 @@ def test_not_mine_says_why():
 def test_clamps_and_relu_keep_nan_as_torch_does():
     """torch's relu, clamp and hardtanh return NaN for NaN; a `a > b ? a : b` max returned the bound."""
     from forge.evaluate.build import build
-    from forge.runtime.dispatch import GuardedKernel, KernelArtifact
+    from forge.kernel import KernelArtifact
+    from forge.runtime.dispatch import GuardedKernel
 
     class Clamps(torch.nn.Module):
         def forward(self, x):
@@ -96,7 +98,8 @@ def test_hardswish_hardsigmoid_mish_are_captured_whole_and_lowered_as_eager_comp
     kept whole, the recipe writes each in eager's arithmetic: NaN stays NaN, large and tiny values saturate
     as eager's do, and a transposed input is read through its strides."""
     from forge.evaluate.build import build
-    from forge.runtime.dispatch import GuardedKernel, KernelArtifact
+    from forge.kernel import KernelArtifact
+    from forge.runtime.dispatch import GuardedKernel
 
     class Acts(torch.nn.Module):
         def forward(self, x):

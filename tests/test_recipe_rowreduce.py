@@ -9,7 +9,7 @@ from forge.capture.model_input import load_file
 from forge.evaluate.evaluator import Evaluator
 from forge.kernel import TaskSpec
 from forge.policy.recipes import rowreduce
-from forge.policy.recipes.pointwise import NotMine
+from forge.policy.recipes.emit import NotMine
 from forge.tasks.cut import build_tasks
 
 

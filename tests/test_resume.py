@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import MODELS, ROOT
 
-from forge.cli import build_parser, main, resume_command
+from forge.cli import build_parser, main
+from forge.cli.optimize import resume_command
 
 MODEL = MODELS / "two_tasks.py"
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from forge.capture.export import TensorMeta
+from forge.job import winners
 from forge.kernel import Candidate, EvalResult, Status, TaskSpec, Timing
 from forge.policy.base import Policy
 from forge.search.driver import Budget, search
@@ -44,7 +45,7 @@ class Synthetic(Policy):
         self.next: dict[str, int] = {}
         self.evaluated: dict[str, int] = {}
 
-    def mine(self, spec: TaskSpec) -> str | None:
+    def refusal(self, spec: TaskSpec) -> str | None:
         return None if spec.key in self.tasks else "not a synthetic task"
 
     def propose(self, spec: TaskSpec, parent: object, feedback: str) -> list[int]:
@@ -88,7 +89,7 @@ def test_budget_goes_by_share_times_headroom_and_every_stop_is_explained(tmp_pat
     for k in n:
         assert out[k].stop_reason.startswith(f"budget ({n[k]} candidates for share x headroom"), out[k].stop_reason
         assert out[k].floor_us == syn.tasks[k][1] and out[k].eager_us == 100.0
-    assert out["headroom"].status == "improved" and out["headroom"].library  # the winner was built
+    assert out["headroom"].status == "improved" and winners([out["headroom"]], tasks, syn)  # the winner was built
     assert out["near-floor"].status == "no gain"  # 100 -> ~99.8 us: under the 5% bar
     stored = {t.key: t for t in store.get_tasks(run.id)}
     assert all(t.state == "done" and t.stop_reason == out[t.key].stop_reason for t in stored.values())
@@ -97,12 +98,12 @@ def test_budget_goes_by_share_times_headroom_and_every_stop_is_explained(tmp_pat
 
 
 class Buggy(Synthetic):
-    """A policy that raises: in `mine` for one task, in `propose` for another, in `render` for a third."""
+    """A policy that raises: in `refusal` for one task, in `propose` for another, in `render` for a third."""
 
-    def mine(self, spec: TaskSpec) -> str | None:
+    def refusal(self, spec: TaskSpec) -> str | None:
         if spec.key == "mine-raises":
             raise KeyError("missing argument 'max_val'")  # as the recipes did on an exported F.hardtanh
-        return super().mine(spec)
+        return super().refusal(spec)
 
     def propose(self, spec: TaskSpec, parent: object, feedback: str) -> list[int]:
         if spec.key == "propose-raises":

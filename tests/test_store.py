@@ -239,9 +239,7 @@ def test_candidate_tree(store: Store) -> None:
     parents = {c.id: c.parent_id for c in tree}
     assert parents == {a.id: None, a1.id: a.id, a11.id: a1.id, a2.id: a.id, b.id: None, b1.id: b.id}
 
-    updated = store.update_candidate(a11.id, status="ok", visits=3, reward=1.7)
-    assert (updated.status, updated.visits, updated.reward) == ("ok", 3, 1.7)
-    assert store.get_candidate(a11.id) == updated
+    assert store.get_candidate(a11.id) == a11
     with pytest.raises(ValueError):
         store.add_candidate(task.id, backend="fortran")
     other = store.add_task(store.get_task(task.id).run_id, "k2")
@@ -364,9 +362,9 @@ def _concurrent_writer(path: str, task_id: int, worker: int, n: int, start: obje
     start.wait(30)  # type: ignore[attr-defined]
     parent = None
     for i in range(n):
-        cand = store.add_candidate(task_id, parent, backend="triton", origin=f"w{worker}", knobs={"i": i})
+        cand = store.add_candidate(task_id, parent, backend="triton", origin=f"w{worker}", knobs={"i": i},
+                                   status="ok", visits=1)
         store.add_evaluation(cand.id, status="ok", time_us_median=float(i + 1), device_seconds=0.01)
-        store.update_candidate(cand.id, status="ok", visits=1)
         parent = cand.id if i % 5 == 0 else parent
     store.close()
 

@@ -9,7 +9,7 @@ from conftest import EXAMPLES, MODELS
 from forge.capture.export import TensorMeta, capture
 from forge.capture.model_input import load_file
 from forge.capture.profile import Profile, profile_model
-from forge.tasks.cut import Task, build_tasks, render
+from forge.tasks.cut import Task, build_tasks, region_source
 from forge.tasks.ops import FAMILIES
 from forge.tasks.regions import cut, is_noop
 
@@ -36,7 +36,7 @@ def run_by_regions(cap, args, tasks):
         ref = t.reference()
         for occ in t.occurrences:
             region = [n for n in graph.nodes if n.name in set(occ)]
-            pending.append((render(region), ref))
+            pending.append((region_source(region), ref))
     while pending:
         ready = [p for p in pending if all(i in env for i in p[0].input_nodes)]
         assert ready, "regions form a cycle"

@@ -7,19 +7,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from forge.backends import BACKENDS, NAMES
 from forge.errors import Interrupted, UserError
-
-if TYPE_CHECKING:
-    from forge.evaluate.pool import Scale
-    from forge.policy.base import Policy
-    from forge.store import Store
 
 log = logging.getLogger("forge")
 
@@ -149,72 +142,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0 if res.status.passed else 1
 
 
-def _policy(args: argparse.Namespace, store: Store, device: str) -> Policy:
-    """--policy with --max-usd, --replay and --prices; the key is checked here, before any search."""
-    from forge.job import RECIPE_POLICIES, make_policy
-
-    if args.replay and args.policy == "recipes":  # replay the run's own LLM policy
-        try:
-            args.policy = store.get_run(args.replay).policy
-        except KeyError:
-            raise UserError(f"no run {args.replay!r} to replay in the store {store.where} (--db PATH|URL or "
-                            "FORGE_DB=PATH|URL points at another store)") from None
-    if args.policy in RECIPE_POLICIES:
-        if args.max_usd is not None or args.replay or args.prices:
-            raise UserError("--max-usd, --replay and --prices apply to LLM policies (e.g. --policy openai:MODEL)")
-        return make_policy(args.policy, device)
-    return make_policy(args.policy, device, store=store, max_usd=args.max_usd, replay=args.replay,
-                       prices=args.prices)
-
-
-def cmd_optimize(args: argparse.Namespace) -> int:
-    """forge optimize: search kernels for every task and measure the model end to end."""
-    import json
-
-    from rich.text import Text
-
-    from forge import terminal
-    from forge.capture import layout
-    from forge.job import optimize
-    from forge.search.driver import Budget
-    from forge.store import Store
-    from forge.tasks.render import print_optimize
-
-    if _isolated_from_keys(args):
-        return _run_isolated(args)
-    store = Store(args.db)
-    if args.resume:  # the run's own model (unless one is given: it must match), device, dtype and budget
-        from forge.job import resumable
-
-        run = resumable(store, args.resume)
-        load = run.config.get("load", {})
-        if not args.model and not args.zoo:
-            args.model, args.zoo = load.get("file"), load.get("zoo")
-            for k, v in load.get("sizes", {}).items():
-                setattr(args, k, v)
-            if not args.model and not args.zoo:
-                raise UserError(f"run {run.id} does not say how its model was loaded: give the model ({run.model})")
-        args.device, args.dtype, args.policy = run.device, run.dtype, run.policy
-        args.eval = run.config.get("mode", "eval") == "eval"  # the run's mode (runs stored before it was: eval)
-    scale = _scale(args)
-    loaded = load_model(args)
-    pol = _policy(args, store, loaded.device)
-    budget = Budget(candidates=args.budget, seconds=args.seconds, per_task=max(4, min(args.budget, 16)))
-    sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k) is not None}
-    load = {"file": str(Path(args.model).resolve()) if args.model else None, "zoo": args.zoo, "sizes": sizes}
-    with terminal.RunProgress(terminal.console(stderr=True)) as shown:  # live on a terminal, lines when piped
-        report = optimize(loaded, store, policy=pol, budget=budget, progress=shown, resume=args.resume, load=load,
-                          inductor=args.inductor, layout=layout.requested(args.layout), blocks=_blocks(args),
-                          runs_dir=args.out, scale=scale)
-    print_optimize(report)
-    out = terminal.console()  # folds at a terminal's width; piped, one line each
-    out.print(Text(f"run {report.run_id} stored in {store.where}"), overflow="fold")
-    out.print(Text(f"review it with: forge report {report.run_id}{_db_flag(args.db)}"), overflow="fold")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
-    return 0
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     """forge export: a run's kernels as a kernel repository (forge.export.hf_kernels)."""
     from forge.export.hf_kernels import export
@@ -238,66 +165,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     terminal.console().print(f"exported {len(res.kernels)} kernels of run {run.id} to {res.folder} "
                              f"({', '.join(res.variants)}); layers: {', '.join(res.layers) or 'none'}")
     return 0
-
-
-def _scale(args: argparse.Namespace) -> Scale:
-    """Where candidates are judged (--gpus, --workers, --ray), checked before the model loads."""
-    from forge.evaluate.pool import Scale
-
-    cuda = args.device.startswith("cuda")
-    if args.workers is not None and (args.workers < 1 or cuda):
-        raise UserError(f"Invalid --workers: {args.workers} (CPU workers, at least 1; on CUDA: --gpus)")
-    if args.gpus is not None and (not cuda or args.ray):
-        raise UserError("--gpus needs --device cuda, and no --ray (on a cluster every GPU judges)")
-    if args.gpus is None:
-        return Scale(args.workers or 1, args.ray)
-    import torch
-
-    try:
-        return Scale(Scale.parse_gpus(args.gpus, torch.cuda.device_count()))
-    except ValueError as e:
-        raise UserError(str(e)) from None
-
-def _isolated_from_keys(args: argparse.Namespace) -> bool:
-    """True when this optimize must run in a child without credentials (forge.policy.llm.broker)."""
-    from forge.policy.llm import broker
-
-    return broker.needs_isolation() and getattr(args, "argv", None) is not None
-
-
-def _run_isolated(args: argparse.Namespace) -> int:
-    """The job in a child without credentials; this process holds the LLM key (if the policy needs one) and
-    sends the child's requests: the process that loads kernels holds no secret."""
-    from forge.policy.llm import broker, keyholder_chat
-
-    name = args.policy
-    if args.resume:
-        from forge.job import resumable
-        from forge.store import Store
-
-        name = resumable(Store(args.db), args.resume).policy
-    from forge.job import RECIPE_POLICIES
-
-    llm = name not in (*RECIPE_POLICIES, "") and not args.replay
-    if name in RECIPE_POLICIES and not args.replay and (args.max_usd is not None or args.prices):
-        raise UserError("--max-usd, --replay and --prices apply to LLM policies (e.g. --policy openai:MODEL)")
-    chat = keyholder_chat(name, max_usd=args.max_usd, prices=args.prices) if llm else None
-    return broker.run_isolated(args.argv, chat)
-
-
-def resume_command(args: argparse.Namespace, run_id: str) -> str:
-    """The command that continues run `run_id` as it was started: --resume with the options the run does not
-    store (--db, --no-inductor, the LLM's --max-usd, --prices and --replay, --json, -v); model, device, dtype,
-    policy, budget, layout and blocks come from the run."""
-    words = ["forge", "optimize", "--resume", run_id, *shlex.split(_db_flag(getattr(args, "db", None)))]
-    for opt in ("max_usd", "prices", "replay", "json"):
-        if getattr(args, opt, None) is not None:
-            words += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
-    if not getattr(args, "inductor", True):
-        words.append("--no-inductor")
-    if getattr(args, "verbose", False):
-        words.append("-v")
-    return shlex.join(words)
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
@@ -341,41 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_eval(sub)
 
-    p = sub.add_parser("optimize", help="search faster kernels for a model and measure it end to end", epilog=WHERE)
-    _add_model_args(p)
-    p.add_argument("--policy", default="recipes", help="recipes (offline code generator; the default), "
-                   "recipes+triton (its Triton kernels too, on a GPU), openai:MODEL, anthropic:MODEL, "
-                   "openai-compatible:BASE_URL:MODEL, or recipes+ before an LLM policy to mix them (docs/llm.md)")
-    p.add_argument("--max-usd", type=float, help="LLM budget in US dollars: the search stops when it is spent")
-    p.add_argument("--replay", metavar="RUN", help="answer every LLM request from run RUN's stored calls only "
-                   "(no network, no key)")
-    p.add_argument("--prices", metavar="JSON", help="LLM prices overriding forge/policy/llm/prices.json")
-    p.add_argument("--budget", type=int, default=400, help="candidates over all tasks, at most (default 400: a cap; "
-                   "--seconds is what ends a run)")
-    p.add_argument("--seconds", type=float, default=300.0, help="wall time of the whole run: capture, search, "
-                   "rewrites and the final timing; the first Inductor compilation starts even when it is spent, so "
-                   "that the result is never behind torch.compile for want of time (default 300)")
-    p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure the result compiled by torch.compile and keep it when faster (default on)")
-    p.add_argument("--layout", choices=("auto", "row-major", "channels-last"), default="auto",  # layout.CHOICES
-                   help="activation layout the model is captured and searched in (default auto: channels-last "
-                   "when the model has convolutions and its forward is faster so, measured)")
-    p.add_argument("--blocks", action=argparse.BooleanOptionalAction, help="capture each distinct repeated "
-                   "block once and apply the kernels block by block (deep models; no whole-graph rewrites; "
-                   "default: on for --zoo qwen35)")
-    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
-    p.add_argument("--db", help=DB_HELP)
-    p.add_argument("--out", metavar="DIR", help=OUT_HELP)
-    p.add_argument("--resume", metavar="RUN", help="continue a stopped or killed run (its id) with its own "
-                   "model, device, budget and stored candidates; none is evaluated again")
-    p.add_argument("--gpus", metavar="N|all", help="evaluation workers on this host's GPUs, one per GPU "
-                   "(cuda:0..N-1; default 1: the --device)")
-    p.add_argument("--workers", type=int, metavar="N", help="CPU evaluation workers (--device cpu; with --ray: "
-                   "Ray actors; default 1, with --ray half the cluster's CPUs)")
-    p.add_argument("--ray", metavar="ADDRESS", help="judge on a Ray cluster (auto: the one this host is part "
-                   "of; local: one started here): builds as Ray tasks, one actor per GPU of the cluster (pip install "
-                   "'forge-kernels[ray]')")
-    p.set_defaults(func=cmd_optimize)
+    from forge.cli.optimize import add_optimize
+
+    add_optimize(sub)
 
     p = sub.add_parser("export", help="write a run's kernels as a Hugging Face kernel repository")
     p.add_argument("run", metavar="RUN", help="a run id (or unique prefix, or last)")
@@ -407,17 +242,6 @@ class _Help(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def _db_flag(db: str | None) -> str:
-    """` --db STORE` that finds the store from any folder (the SQLite file's absolute path), or "" where $FORGE_DB
-    named a database server (the environment still does)."""
-    from forge.store import resolve_url, sqlite_file
-
-    file = sqlite_file(resolve_url(db, create=False))
-    if file is not None:
-        return f" --db {shlex.quote(str(file))}"
-    return f" --db {shlex.quote(db)}" if db else ""
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -440,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"forge: error: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:  # a run that can be continued
+        from forge.cli.optimize import resume_command
+
         print(f"forge: interrupted; what finished is stored; continue with: {resume_command(args, e.run_id)}",
               file=sys.stderr)
         return 130

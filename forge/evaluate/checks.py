@@ -41,7 +41,7 @@ _C_RULES: list[tuple[Status, str, str]] = [
 ]
 _CPU_ONLY_RULES = [(Status.FORBIDDEN_CODE, "uses inline assembly", r"\b(asm|__asm__|__asm)\b")]
 
-_PY_ALLOWED_IMPORTS = {"triton", "triton.language", "math"}
+_PY_ALLOWED_IMPORTS = frozenset(m for b in BACKENDS.values() for m in b.modules)  # the Python backends'
 _PY_FORBIDDEN_NAMES = {"eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr",
                        "globals", "locals", "vars", "breakpoint", "input", "memoryview", "__builtins__"}
 # attributes that lead from triton's modules to the interpreter, the system or other code

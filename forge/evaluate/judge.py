@@ -38,19 +38,8 @@ from forge.evaluate.arena import Arena, Slot
 from forge.evaluate.measured import bandwidth, measured_here
 from forge.evaluate.spotcheck import kept_limit
 from forge.evaluate.steps import Call, EvalRequest, Load, Reply, Time
-from forge.evaluate.verify import (
-    Reference,
-    Target,
-    Verdict,
-    fill,
-    generator,
-    judged,
-    make_flat,
-    nonfinite,
-    random_like,
-    verify,
-    within_tolerance,
-)
+from forge.evaluate.verdicts import Verdict, judged, nonfinite, within_tolerance
+from forge.evaluate.verify import Reference, Target, fill, generator, make_flat, random_like, verify
 from forge.kernel import EvalResult, Status, TaskSpec, Timing
 
 if TYPE_CHECKING:
@@ -180,19 +169,7 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         skipped = _skips_repeats(remote, ref, task, device, req.seed)
         if skipped is not None:
             return result(skipped.status, skipped.message, verify=detail)
-        timing, baseline, wrong = _timed(remote, ref, task, device, req.seed, req.bench)
-        if wrong is not None:
-            return result(wrong.status, wrong.message, verify={**detail, "timed": wrong.detail})
-        assert timing is not None and baseline is not None
-        disagree = _batch_check(remote, ref, task, device, timing, req.bench)
-        if disagree:  # timed again, then checked again, before it counts: a busy machine disturbs either
-            timing, baseline, wrong = _timed(remote, ref, task, device, req.seed + 1, req.bench)
-            if wrong is not None:
-                return result(wrong.status, wrong.message, verify={**detail, "timed": wrong.detail})
-            assert timing is not None and baseline is not None
-            disagree = _batch_check(remote, ref, task, device, timing, req.bench)
-        if disagree:
-            return result(Status.FORBIDDEN_TIMER, disagree, verify=detail, timing=timing, baseline=baseline)
+        timing, baseline = _checked_timing(remote, ref, task, device, req, detail)
         baseline, detail = _eager_check(ref, task, device, baseline, req.bench, detail)
         # The calls judged are not only the first ones: the sets again, from a seed drawn here, after all
         # the timed calls, into outputs holding finite values (not the NaN poison a kernel could look for),
@@ -218,6 +195,24 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
     finally:
         worker.arena.reset()
         worker.arena.shrink()
+
+
+def _checked_timing(remote: Remote, ref: Reference, task: TaskSpec, device: str, req: EvalRequest,
+                    detail: dict[str, Any]) -> tuple[Timing, Timing]:
+    """Steps 3 and 4: the timed rounds (their kept calls judged) and the cross-check of the worker's clock;
+    on a disagreement timed and checked once more before it counts (a busy machine disturbs either). Raises
+    Rejected with the verdict of a wrong kept call or of a clock that disagrees twice."""
+    assert req.bench is not None
+    disagree = ""
+    for again in range(2):
+        timing, baseline, wrong = _timed(remote, ref, task, device, req.seed + again, req.bench)
+        if wrong is not None:
+            raise Rejected(EvalResult(wrong.status, wrong.message, verify={**detail, "timed": wrong.detail}))
+        assert timing is not None and baseline is not None
+        disagree = _batch_check(remote, ref, task, device, timing, req.bench)
+        if not disagree:
+            return timing, baseline
+    raise Rejected(EvalResult(Status.FORBIDDEN_TIMER, disagree, verify=detail, timing=timing, baseline=baseline))
 
 
 def _inputs(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int,

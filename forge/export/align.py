@@ -18,7 +18,7 @@ import torch.fx
 from torch.export.graph_signature import InputKind
 
 from forge.capture.export import Capture, node_meta
-from forge.tasks.cut import render
+from forge.tasks.cut import region_source
 from forge.tasks.ops import Kind, kind_of
 from forge.tasks.regions import cut
 
@@ -89,7 +89,7 @@ def _spec(model: torch.nn.Module, cap: Capture, region: list[torch.fx.Node], key
     params = list(inspect.signature(type(mod).forward).parameters.values())[1:]
     if len(params) != 1 or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
         return None
-    rendered = render(region)
+    rendered = region_source(region)
     by_name = {n.name: n for n in graph.nodes}
     owned = {s.arg.name: s.target for s in cap.exported.graph_signature.input_specs
              if s.kind in (InputKind.PARAMETER, InputKind.BUFFER) and s.target}
@@ -119,7 +119,7 @@ def layers(model: torch.nn.Module, cap: Capture, keys: set[str]) -> dict[str, La
     name (a class with two such kernels, or occurrences that disagree, gets none)."""
     found: dict[str, list[LayerSpec | None]] = {}
     for region in cut(cap.graph_module.graph):
-        key = render(region).key
+        key = region_source(region).key
         if key in keys:
             found.setdefault(key, []).append(_spec(model, cap, region, key))
     by_class: dict[str, list[LayerSpec]] = {}

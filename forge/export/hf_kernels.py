@@ -35,14 +35,14 @@ from typing import Any
 
 import torch
 
-from forge.backends import BACKENDS
+from forge.backends import BACKENDS, TRITON
 from forge.capture.layout import capture_in
 from forge.errors import UserError
 from forge.export import render
 from forge.export.align import LayerSpec, layers
+from forge.kernel import KernelArtifact
 from forge.review.data import find_run, task_view
 from forge.runtime import artifact
-from forge.runtime.dispatch import KernelArtifact
 from forge.store import Store
 
 PACKAGE = Path(__file__).resolve().parent / "package"
@@ -62,17 +62,14 @@ class ExportResult:
 
 def variants_of(backend: str) -> tuple[str, ...]:
     """The build variants a kernel of `backend` goes to, for this torch and machine (see the module doc)."""
-    if backend == "triton":
+    b = BACKENDS[backend]
+    if not b.native:  # a Python (Triton) module
         return (UNIVERSAL,)
     ver = torch.__version__.split("+")[0].split(".")
     abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
-    if backend == "cuda":
-        cu = "".join((torch.version.cuda or "0.0").split(".")[:2])
-        dev = f"cu{cu}"
-    else:
-        dev = "cpu"
+    dev = "cu" + "".join((torch.version.cuda or "0.0").split(".")[:2]) if b.device == "cuda" else b.device
     arch = f"torch{ver[0]}{ver[1]}-{abi}-{dev}-{platform.machine()}-{platform.system().lower()}"
-    return (arch, UNIVERSAL) if backend == "cpu" else (arch,)
+    return (arch, UNIVERSAL) if b.device == "cpu" else (arch,)
 
 
 def _digest(variant: Path) -> dict[str, Any]:
@@ -90,7 +87,8 @@ def _entry(k: KernelArtifact, name: str, lib: bool) -> dict[str, Any]:
     b = BACKENDS[k.backend]
     file = f"kernels/{name}{Path(k.path).suffix}" if lib and b.native else f"kernels/{name}{b.suffix}"
     native = {"platform": f"{platform.machine()}-{platform.system().lower()}"} if b.native else {}
-    return {**native, "name": name, "key": k.key, "backend": k.backend, "device_type": b.device, "entry": k.entry,
+    return {**native, "name": name, "key": k.key, "backend": k.backend, "native": b.native, "device_type": b.device,
+            "entry": k.entry,
             "file": file, "reference": f"references/{name}.py", "inputs": [m.to_json() for m in k.inputs],
             "outputs": [m.to_json() for m in k.outputs]}
 
@@ -103,10 +101,11 @@ def triton_forms(store: Store, run_id: str, kernels: list[KernelArtifact]) -> li
     for k in kernels:
         if not BACKENDS[k.backend].native or k.key not in tasks:
             continue
-        ok = [c for c in store.candidates(tasks[k.key].id) if c.backend == "triton" and c.status == "ok"]
+        ok = [c for c in store.candidates(tasks[k.key].id) if c.backend == TRITON.name and c.status == "ok"]
         if ok:
             best = max(ok, key=lambda c: (c.reward if c.reward is not None else float("-inf"), -c.id))
-            out.append(dataclasses.replace(k, backend="triton", path="", entry=best.entry, kernel_source=best.source))
+            out.append(dataclasses.replace(k, backend=TRITON.name, path="", entry=best.entry,
+                                           kernel_source=best.source))
     return out
 
 
@@ -177,7 +176,7 @@ def export(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any], fo
     stats = _stats(store, info["run_id"])
     pairs = [(k, _exported(k, stats)) for k in kernels]
     names = {k.key: e.name for k, e in pairs}
-    forms = [(k, dataclasses.replace(names_of(k, pairs), backend="triton", kernel_us=None))
+    forms = [(k, dataclasses.replace(names_of(k, pairs), backend=TRITON.name, kernel_us=None))
              for k in triton_forms(store, info["run_id"], kernels)]
     pairs += forms
     specs = {cls: (s, names[s.key]) for cls, s in by_class.items()}
@@ -201,7 +200,7 @@ def export(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any], fo
         (vdir / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n")
     (root / "tests").mkdir()
     (root / "tests" / f"test_{pyname}.py").write_text(render.test_py(pyname, [e for _, e in pairs]))
-    backends = sorted({"cpu" if k.backend == "cpu" else "cuda" for k, _ in pairs})
+    backends = sorted({BACKENDS[k.backend].device for k, _ in pairs})
     (root / "build.toml").write_text(render.build_toml(name, [e for _, e in pairs], backends))
     (root / "README.md").write_text(render.card(name, {**data, **info}, [e for _, e in pairs], specs,
                                                 sorted(by_variant)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from forge.backends import BACKENDS
 from forge.export.align import LayerSpec
 from forge.tolerance import tolerance
 
@@ -76,7 +77,7 @@ def layers_py(specs: dict[str, tuple[LayerSpec, str]]) -> str:
 def test_py(pyname: str, kernels: list[Exported]) -> str:
     """tests/test_<pyname>.py: each kernel, loaded with the kernels package, against its reference."""
     tols = {k.name: tolerance(k.dtype).kernel for k in kernels}
-    forms = sorted({(k.name, "cpu" if k.backend == "cpu" else "cuda") for k in kernels})
+    forms = sorted({(k.name, BACKENDS[k.backend].device) for k in kernels})
     return f'''"""Each kernel of {pyname} against its reference region (forge's kernel tolerance per dtype), on fresh
 random inputs of the shapes it was verified for. Run from the repository: python -m pytest tests"""
 
@@ -141,11 +142,11 @@ def build_toml(name: str, kernels: list[Exported], backends: list[str]) -> str:
              f'src = ["torch-ext/{name.replace("-", "_")}/__init__.py"]', ""]
     names = {k.name: 0 for k in kernels}
     for k in kernels:
-        suffix = ".py" if k.backend == "triton" else ".cu" if k.backend == "cuda" else ".cpp"
+        b = BACKENDS[k.backend]
         names[k.name] += 1
         section = k.name if names[k.name] == 1 else f"{k.name}_{k.backend}"  # a second form of one kernel
-        lines += [f"[kernel.{section}]", f'backend = "{"cuda" if k.backend != "cpu" else "cpu"}"',
-                  'depends = ["torch"]', f'src = ["kernels/{k.name}{suffix}"]', ""]
+        lines += [f"[kernel.{section}]", f'backend = "{b.device}"', 'depends = ["torch"]',
+                  f'src = ["kernels/{k.name}{b.suffix}"]', ""]
     return "\n".join(lines)
 
 

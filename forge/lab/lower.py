@@ -14,7 +14,7 @@ from forge.capture.export import capture
 from forge.errors import UserError
 from forge.kernel import Candidate, TaskSpec
 from forge.policy.recipes.policy import RecipePolicy
-from forge.tasks.cut import render
+from forge.tasks.cut import region_source
 from forge.tasks.regions import cut
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def lower(fn: Callable[..., Any], inputs: list[torch.Tensor], p: float, policy: 
     if len(regions) != 1:
         return Lowered(None, (), None, f"it captures to {len(regions)} tasks, not one")
     try:
-        r = render(regions[0])
+        r = region_source(regions[0])
     except ValueError as e:
         return Lowered(None, (), None, f"its task cannot be rendered ({e})")
     names = [f"x{i}" for i in range(len(inputs))]
@@ -74,7 +74,7 @@ def lower(fn: Callable[..., Any], inputs: list[torch.Tensor], p: float, policy: 
         return Lowered(None, (), None, "its task reads constants of the graph")
     spec = TaskSpec(r.key, r.source, r.inputs, r.outputs, sum(m.nbytes for m in r.inputs + r.outputs))
     order = tuple(names.index(n) for n in r.input_nodes)
-    why = policy.mine(spec)
+    why = policy.refusal(spec)
     if why is not None:
         return Lowered(spec, order, None, f"no recipe for its task: {why}", r.family)
     ideas = policy.propose(spec, None) or []

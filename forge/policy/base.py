@@ -6,7 +6,9 @@ turns an idea into source. `payload_of(spec, knobs) -> payload` turns the knobs 
 into its payload, so `forge optimize --resume` can rebuild a search tree (by default only JSON payloads can
 be rebuilt; see forge.search.driver); `chosen`, `repairable`, `observe`, `stop_reason`, `bind`, `until` and
 `close` are hooks that do nothing by default. The offline recipe policy (the default) is
-forge.policy.recipes.policy; the language-model ones are in forge.policy.llm.
+forge.policy.recipes.policy; the language-model ones are in forge.policy.llm. A policy that records what it
+does (an LLM policy's calls) is bound to a `CallStore`, which the run store implements (forge.store.Store):
+policies never import the store.
 """
 
 from __future__ import annotations
@@ -20,15 +22,34 @@ from forge.kernel import Candidate, Feedback, TaskSpec
 log = logging.getLogger(__name__)
 
 
+class CallStore(ABC):
+    """Where an LLM policy keeps its calls, for the review, the cache and --replay (forge.store.Store)."""
+
+    @abstractmethod
+    def add_llm_call(self, run_id: str, **fields: Any) -> Any:
+        """Record one call (provider, model, request_hash, prompt, response, tokens, latency_s, usd, status,
+        task_id) of a run; returns the record, whose `id` names it."""
+
+    @abstractmethod
+    def find_llm_call(self, request_hash: str, *, status: str | tuple[str, ...] | None = "ok") -> Any:
+        """The newest call with this request hash and status (one of these; None for any), or None; it has
+        `response` and `status`."""
+
+    @abstractmethod
+    def llm_calls(self, run_id: str) -> list[Any]:
+        """A run's calls, oldest first (each with `request_hash`, `response` and `status`); KeyError for an
+        unknown run."""
+
+
 class Policy(ABC):
-    """What the search needs of a policy: `mine`, `propose` and `render`; the other hooks do nothing unless
+    """What the search needs of a policy: `refusal`, `propose` and `render`; the other hooks do nothing unless
     a policy has something to do there (an LLM policy records its calls, learns from results, stops when
     its money is spent)."""
 
     name: str = ""
 
     @abstractmethod
-    def mine(self, spec: TaskSpec) -> str | None:
+    def refusal(self, spec: TaskSpec) -> str | None:
         """None if the policy can write kernels for the task, else why not."""
 
     @abstractmethod
@@ -65,8 +86,8 @@ class Policy(ABC):
         """Why the search must stop now (an LLM budget spent), or None."""
         return None
 
-    def bind(self, store: Any, run_id: str) -> None:
-        """Where the policy records what it does (forge.store.Store and the run); nothing by default."""
+    def bind(self, store: CallStore, run_id: str) -> None:
+        """Where the policy records what it does (the run store and the run); nothing by default."""
         return None
 
     def until(self, deadline: float) -> None:

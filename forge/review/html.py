@@ -78,7 +78,7 @@ def env() -> Environment:
     return e
 
 
-def render(name: str, **context: Any) -> Markup:
+def render_page(name: str, **context: Any) -> Markup:
     """Render one template (the result is HTML, safe to put into another template)."""
     return Markup(env().get_template(name).render(**context))
 
@@ -87,13 +87,13 @@ def page(template: str, title: str, *, inline_css: bool, scripts: Sequence[str] 
          body_attrs: Mapping[str, str] | None = None, **context: Any) -> Markup:
     """A whole HTML document; inline_css for the standalone report (no script, nothing fetched), else the app's
     stylesheets."""
-    return render(template, title=title, inline_css=inline_css, css=Markup(CSS) if inline_css else "",
+    return render_page(template, title=title, inline_css=inline_css, css=Markup(CSS) if inline_css else "",
                   scripts=scripts, body_attrs=body_attrs or {}, **context)
 
 
 def runs_table(summaries: Sequence[RunSummary], link: bool = True) -> Markup:
     """The run list: model, device, policy, speedup, cost, state (and links to compare runs of one model)."""
-    return render("runs_table.html", summaries=summaries, link=link, previous=previous_of_model(summaries))
+    return render_page("runs_table.html", summaries=summaries, link=link, previous=previous_of_model(summaries))
 
 
 def previous_of_model(summaries: Sequence[RunSummary]) -> dict[str, str]:
@@ -144,7 +144,7 @@ def run_charts(view: RunView) -> dict[str, str]:
 
 def run_sections(view: RunView, link: bool) -> Markup:
     """The body of the report and of the run page."""
-    return render("run_sections.html", view=view, s=view.summary, r=view.run, link=link, charts=run_charts(view),
+    return render_page("run_sections.html", view=view, s=view.summary, r=view.run, link=link, charts=run_charts(view),
                   cost=cost_rows(view.summary), budget=view.budget)
 
 
@@ -189,7 +189,7 @@ def timing(median: float | None, spread: dict, baseline: dict | None) -> dict[st
 def node_panel(d: NodeDetail) -> Markup:
     """A node: header, source (prelude folded), diff, build log, verification, timing, LLM prompt and answer."""
     e = d.evaluation
-    return render("node_panel.html", d=d, n=d.node, e=e, status=e.status if e else d.node.status,
+    return render_page("node_panel.html", d=d, n=d.node, e=e, status=e.status if e else d.node.status,
                   facts=node_facts(d), diff=diff_lines(d.diff()), verify=verify_table(e.verify) if e else None,
                   timing=timing(e.time_us_median, e.time_us_spread, e.verify.get("baseline")) if e else None)
 
@@ -204,9 +204,9 @@ def diff_lines(text: str) -> list[tuple[str, str]]:
 
 def nodes_table(t: TaskView) -> Markup:
     """A task's nodes as a sortable table: id, status, speedup with its interval, knobs, origin, visits."""
-    return render("nodes_table.html", t=t)
+    return render_page("nodes_table.html", t=t)
 
 
 def task_summary(t: TaskView) -> Markup:
     """A task page's header line."""
-    return render("task_summary.html", t=t, k=t.task)
+    return render_page("task_summary.html", t=t, k=t.task)

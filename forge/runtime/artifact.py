@@ -40,7 +40,8 @@ from forge.capture.layout import LAYOUTS, capture_in
 from forge.errors import UserError
 from forge.evaluate.build import file_sha256 as sha256
 from forge.evaluate.devices import device_model  # noqa: F401 - forge.runtime.artifact.device_model, as before
-from forge.runtime.dispatch import KernelArtifact, apply
+from forge.kernel import KernelArtifact
+from forge.runtime.dispatch import apply
 from forge.runtime.result import ForgeModel
 from forge.tasks.cut import build_tasks
 

@@ -31,7 +31,8 @@ from torch.utils import _pytree as pytree
 from forge.capture.blocks import CONSTANTS, Bound, Call, Spec, block_list, forwards_set, signature, spec_of
 from forge.capture.export import Capture, capture
 from forge.errors import UserError
-from forge.runtime.dispatch import Counters, GuardedForward, KernelArtifact, OptimizedModule, apply
+from forge.kernel import KernelArtifact
+from forge.runtime.dispatch import Counters, GuardedForward, OptimizedModule, apply
 from forge.runtime.graphs import same_stream
 
 log = logging.getLogger(__name__)

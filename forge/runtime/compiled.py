@@ -28,7 +28,8 @@ import torch.utils._pytree as pytree
 
 from forge.bench import BenchConfig, Clock, interleaved
 from forge.evaluate.verify import generator, make_input
-from forge.runtime.dispatch import GuardedKernel, KernelArtifact, OptimizedModule, apply
+from forge.kernel import KernelArtifact
+from forge.runtime.dispatch import GuardedKernel, OptimizedModule, apply
 from forge.tasks.cut import compile_source
 
 log = logging.getLogger(__name__)

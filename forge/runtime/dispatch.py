@@ -22,27 +22,14 @@ import torch.utils._pytree as pytree
 from torch.export.graph_signature import InputKind
 
 from forge.backends import BACKENDS
-from forge.capture.export import Capture, TensorMeta, capture
+from forge.capture.export import Capture, capture
 from forge.evaluate.launch import Launcher, LaunchError, call_on
+from forge.kernel import KernelArtifact
 from forge.runtime.graphs import GraphReplay
 from forge.runtime.rewrite_base import stable_toposort
-from forge.tasks.cut import Task, build_tasks, compile_source, render
+from forge.tasks.cut import Task, build_tasks, compile_source, region_source
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class KernelArtifact:
-    """A verified kernel for one task: its built library (or module) and how to call it."""
-
-    key: str
-    backend: str  # a name in forge.backends.BACKENDS
-    path: str
-    entry: str
-    inputs: tuple[TensorMeta, ...]
-    outputs: tuple[TensorMeta, ...]
-    source: str  # the task's reference source (informative: the fallback is rendered from the model applied to)
-    kernel_source: str = ""  # the kernel's own source, bundled with an artifact for review
 
 
 @dataclass
@@ -313,7 +300,7 @@ def apply(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
     for t in tasks:
         for occ in t.occurrences:
             region = [nodes[name] for name in occ]
-            r = render(region)
+            r = region_source(region)
             last = region[-1]
             with graph.inserting_before(last):
                 call = graph.call_module(names[t.key], tuple(nodes[i] for i in r.input_nodes))

@@ -42,9 +42,10 @@ from typing import Any
 import torch
 
 from forge.capture.export import Capture, capture
+from forge.kernel import KernelArtifact
 from forge.runtime.blockwise import BlockwiseModule, apply_blockwise
 from forge.runtime.compiled import Compiled, _Call
-from forge.runtime.dispatch import KernelArtifact, OptimizedModule, _views_to_reshapes, apply
+from forge.runtime.dispatch import OptimizedModule, _views_to_reshapes, apply
 from forge.runtime.endtoend import fresh_inputs, interleaved_ms, outputs_match
 from forge.runtime.result import ForgeModel
 from forge.runtime.rewrites import REWRITES, parse, rewrite

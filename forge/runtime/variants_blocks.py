@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from forge.runtime.dispatch import KernelArtifact
+from forge.kernel import KernelArtifact
 from forge.runtime.variants import TRIVIAL, Measured, Variant, first_step, measure, time_of
 
 

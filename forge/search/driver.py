@@ -13,7 +13,7 @@ Every task is stored when the search starts, every candidate and evaluation the 
 probe's weights and each task's candidate target when they are decided, so `resume=True` rebuilds every tree
 from the store (no node evaluated again) and continues where the run stopped.
 
-A policy that raises in `mine`, `propose`, `render` or `stop_reason` stops that task alone, with the stop
+A policy that raises in `refusal`, `propose`, `render` or `stop_reason` stops that task alone, with the stop
 reason `policy error: ...` (stored at once, so a resumed run does not retry it); the other tasks go on.
 """
 
@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from forge.confidence import noisy, speedup_ci
-from forge.evaluate.build import build
 from forge.evaluate.evaluator import BaseEvaluator as Evaluator  # local workers or a Ray cluster
 from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, TaskSpec
 from forge.policy.base import Policy
@@ -37,7 +36,7 @@ from forge.search.confirm import Entry, decision, retimed, top
 from forge.search.dedup import Seen, duplicate
 from forge.search.mcts import FAIL, MCTS, Node, reward_of
 from forge.search.payloads import knobs_of, payload_of, policy_error
-from forge.search.probe import bandwidth_of, probe, probe_size, searched_before
+from forge.search.probe import deepen, probe, probe_size, searched_before
 from forge.search.recorder import NodeRow, Recorder, TaskRow
 from forge.tasks.cut import Task
 
@@ -69,8 +68,7 @@ class TaskOutcome:
     candidates: int
     status: str  # "improved" | "no gain" | "no gain (within noise)" | "not mine" | "skipped"
     stop_reason: str
-    best: Candidate | None = None  # the winner (None: eager stays)
-    library: str | None = None  # the built winner
+    best: Candidate | None = None  # the winner (None: eager stays; forge.job builds it)
     floor_us: float | None = None  # the roofline floor: the task's bytes at the device's copy bandwidth
     speedup: float | None = None  # the best node's own (its eager over its median; eager_us and best_us are its)
     speedup_ci: tuple[float, float] | None = None  # its 95% interval (forge.confidence)
@@ -275,10 +273,12 @@ class TaskSearch:
         res = self.results.get(node.id)
         errs = [v for s in (res.verify.get("sets", []) if res else []) if isinstance(s, dict)
                 for k, v in s.items() if k.startswith("err") and isinstance(v, (int, float))]
+        best = self.tree.nodes[self.best_node] if self.best and self.best_node in self.tree.nodes else None
         return Feedback(res.status.value if res else None, res.message if res else "",
                         res.speedup if res else None, res.timing.median_us if res and res.timing else None,
                         max(errs) if errs else None, self.best[0] if self.best else None, self.eager_us,
-                        self.floor_us, self.tried)
+                        self.floor_us, self.tried, self.best[1] if self.best else None,
+                        best.payload if best else None)
 
     def _record(self, node: Node, cand: Candidate, res: EvalResult) -> None:
         self.results[node.id] = res
@@ -300,7 +300,7 @@ class TaskSearch:
         self.recorder.update_task(self.rec.id, meta=dict(self.meta))
 
     def finish(self, ev: Evaluator, reason: str, until: float | None = None) -> TaskOutcome:
-        """Record the task done; time its fastest candidates again (until `until`, time.monotonic) and build the
+        """Record the task done; time its fastest candidates again (until `until`, time.monotonic) and name the
         winner, if the intervals say one beats eager (forge.search.confirm)."""
         self.halt(reason)
         if self.rec.state != "done" or self.rec.stop_reason != self.stop:
@@ -314,7 +314,6 @@ class TaskSearch:
         d = decision(confirmed)
         best = next((e for e in confirmed if d.best and e.key == d.best.key), None)
         res = best.result if best else None
-        library = build(best.cand, ev.arch, ev.cache_dir).path if d.winner and best else None
         status = d.status if self.tried else "skipped"
         if best is not None:
             self.best, self.best_node = (res.timing.median_us, best.cand), best.key
@@ -322,7 +321,7 @@ class TaskSearch:
         t, b = (res.timing, res.baseline) if res else (None, None)
         return TaskOutcome(self.task.key, self.task.family, self.task.share or 0.0,
                            b.median_us if b else self.eager_us, t.median_us if t else None, self.tried, status,
-                           self.stop or reason, best.cand if d.winner and best else None, library, self.floor_us,
+                           self.stop or reason, best.cand if d.winner and best else None, self.floor_us,
                            res.speedup if res else None, speedup_ci(b, t), noisy(t) or noisy(b))
 
 
@@ -364,7 +363,7 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
     probe(states, left, ev, deadline, budget, probe_size(budget, len(states)))  # at most half the budget
     shown.stage("search")
     deep = replace(budget, parallel=max(budget.parallel, ev.parallel))  # one task at a time: a batch fills every worker
-    _deepen([s for s in states if s.stop is None], states, left, ev, deadline, deep)
+    deepen([s for s in states if s.stop is None], states, left, ev, deadline, deep)
     until = deadline + max(2.0, 0.1 * budget.seconds)  # the re-timing's share, past the search's deadline
     for s in states:
         out[s.task.key] = s.finish(ev, "run budget spent", until)
@@ -376,7 +375,7 @@ def _not_searched(t: Task, rec: TaskRow, policy: Policy, recorder: Recorder, bud
     recorded as the task's stop reason), or None when it is searched."""
     share = t.share or 0.0
     try:
-        why_not = policy.mine(TaskSpec.of(t)) if share >= budget.min_share else None
+        why_not = policy.refusal(TaskSpec.of(t)) if share >= budget.min_share else None
     except Exception as e:  # noqa: BLE001 - a policy bug on one task: that task is not searched, the rest are
         log.exception("policy %s failed on task %s", policy.name, t.key)
         why_not = policy_error(e)
@@ -388,24 +387,3 @@ def _not_searched(t: Task, rec: TaskRow, policy: Policy, recorder: Recorder, bud
     if rec.state != "done":
         recorder.update_task(rec.id, state="done", stop_reason=why)
     return TaskOutcome(t.key, t.family, share, None, None, 0, status, why)
-
-
-def _deepen(live: list[TaskSearch], states: list[TaskSearch], left: Callable[[], int], ev: Evaluator,
-            deadline: float, budget: Budget) -> None:
-    """After the probe: the tasks still live, by share x headroom, each to its share of what is left (the
-    weights and targets are stored, so a resumed run keeps them)."""
-    if live and any("weight" not in s.meta for s in live):
-        bandwidth = bandwidth_of(states)
-        for s in live:
-            h = s.headroom(bandwidth)
-            s.set_meta(headroom=round(h, 4), weight=(s.task.share or 0.0) * h)
-    live.sort(key=lambda s: -s.meta["weight"])
-    for i, s in enumerate(live):
-        if "target" not in s.meta:
-            rest = sum(x.meta["weight"] for x in live[i:])
-            extra = round(max(0, left()) * s.meta["weight"] / rest) if rest > 0 else 0
-            s.set_meta(target=min(budget.per_task, s.tried + extra))
-        s.run(s.meta["target"], ev, deadline, budget)
-        if s.stop is None:
-            s.halt(f"budget ({s.tried} candidates for share x headroom "
-                   f"{s.task.share or 0.0:.2f} x {s.meta['headroom']:.2f})")

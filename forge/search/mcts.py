@@ -174,10 +174,6 @@ class MCTS:
             self.report(node, reward)
         return node
 
-    def best(self) -> Node:
-        """The evaluated node with the highest reward (the root if nothing beat eager)."""
-        return max((n for n in self.nodes.values() if n.reward is not None), key=lambda n: n.reward or 0.0)
-
 
 def reward_of(speedup: float | None) -> float:
     """log(speedup) for a correct candidate; FAIL for a failure (speedup None or not positive)."""

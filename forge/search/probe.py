@@ -1,5 +1,6 @@
-"""The probe: every searched task's first candidates, biggest share first, several tasks at once when the
-evaluator has more workers than one task's batch fills (tasks of one model on different GPUs at once)."""
+"""The budget's two stages. The probe: every searched task's first candidates, biggest share first, several
+tasks at once when the evaluator has more workers than one task's batch fills (tasks of one model on different
+GPUs at once). Then `deepen`: the tasks still live, by share x headroom."""
 
 from __future__ import annotations
 
@@ -67,3 +68,24 @@ def searched_before(states: list[TaskSearch], recorder: Recorder) -> float:
         return 0.0
     created = recorder.created_at()
     return max(0.0, (max(done_at) - created).total_seconds())
+
+
+def deepen(live: list[TaskSearch], states: list[TaskSearch], left: Callable[[], int], ev: BaseEvaluator,
+           deadline: float, budget: Budget) -> None:
+    """After the probe: the tasks still live, by share x headroom, each to its share of what is left (the
+    weights and targets are stored, so a resumed run keeps them)."""
+    if live and any("weight" not in s.meta for s in live):
+        bandwidth = bandwidth_of(states)
+        for s in live:
+            h = s.headroom(bandwidth)
+            s.set_meta(headroom=round(h, 4), weight=(s.task.share or 0.0) * h)
+    live.sort(key=lambda s: -s.meta["weight"])
+    for i, s in enumerate(live):
+        if "target" not in s.meta:
+            rest = sum(x.meta["weight"] for x in live[i:])
+            extra = round(max(0, left()) * s.meta["weight"] / rest) if rest > 0 else 0
+            s.set_meta(target=min(budget.per_task, s.tried + extra))
+        s.run(s.meta["target"], ev, deadline, budget)
+        if s.stop is None:
+            s.halt(f"budget ({s.tried} candidates for share x headroom "
+                   f"{s.task.share or 0.0:.2f} x {s.meta['headroom']:.2f})")

@@ -8,6 +8,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
+from forge.policy.base import CallStore
+
 from .base import StoreBase, _apply, _check_run_state, _record, new_run_id
 from .models import Candidate, Evaluation, LLMCall, Run, Task, utcnow
 from .records import (
@@ -23,7 +25,7 @@ from .records import (
 log = logging.getLogger(__name__)
 
 
-class Store(StoreBase):
+class Store(StoreBase, CallStore):
     """Persistent record of runs, tasks, candidate trees, evaluations and LLM calls."""
 
     # -- runs -------------------------------------------------------------------------------------
@@ -200,17 +202,6 @@ class Store(StoreBase):
         """Return the candidate with this id, or raise KeyError."""
         with self._read() as s:
             return _record(CandidateRecord, self._get(s, Candidate, candidate_id, "candidate"))
-
-    def update_candidate(self, candidate_id: int, **fields: Any) -> CandidateRecord:
-        """Change fields of a candidate (status, visits, reward, ...) and return it."""
-        if "backend" in fields and fields["backend"] not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, not {fields['backend']!r}")
-        with self._write() as s:
-            row = self._get(s, Candidate, candidate_id, "candidate")
-            _apply(row, "candidate", fields)
-            s.flush()
-            s.refresh(row)
-            return _record(CandidateRecord, row)
 
     def candidates(self, task_id: int) -> list[CandidateRecord]:
         """Return a task's candidates in tree order: depth first, each parent before its children."""

@@ -184,7 +184,7 @@ def canonical_order(region: list[torch.fx.Node]) -> list[torch.fx.Node]:
     return out
 
 
-def render(region: list[torch.fx.Node]) -> Rendered:
+def region_source(region: list[torch.fx.Node]) -> Rendered:
     """Render one region (its nodes in graph order) as a standalone function, its body in the region's
     canonical order; raises ValueError when it cannot be rendered."""
     in_graph_order = region
@@ -253,7 +253,7 @@ def build_tasks(graph: torch.fx.Graph, node_ms: dict[str, float] | None = None,
     by_key: dict[str, list[Rendered]] = {}
     where: dict[str, tuple[str, str]] = {}
     for region in cut(graph, scope):
-        r = render(region)
+        r = region_source(region)
         by_key.setdefault(r.key, []).append(r)
         where.setdefault(r.key, origin(region))
     total = sum(node_ms.values()) if node_ms else None

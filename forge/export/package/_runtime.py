@@ -96,10 +96,10 @@ class Form:
         self.device_type, self.backend = e["device_type"], e["backend"]
         # machine code runs where it was built; a Triton module where triton is installed
         self.available = e.get("platform", _PLATFORM) == _PLATFORM and \
-            (e["backend"] != "triton" or importlib.util.find_spec("triton") is not None)
+            (e["native"] or importlib.util.find_spec("triton") is not None)
         if not self.available:
             return
-        if e["backend"] == "triton":
+        if not e["native"]:  # a Triton module
             self.launch = _module(root / e["file"], f"{namespace}_{e['name']}_{e['backend']}").launch
         else:
             self.launch = _native(root / e["file"], e["entry"], self.device_type == "cuda")

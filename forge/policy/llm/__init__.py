@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from forge.errors import UserError
+from forge.policy.base import CallStore
 from forge.policy.llm.cache import CallLog, replay_answers
 from forge.policy.llm.mixed import MixedPolicy
 from forge.policy.llm.policy import Idea, LLMConfig, LLMPolicy
 from forge.policy.llm.prices import PriceTable
 from forge.policy.llm.providers import Chat, LLMError, ProviderSpec, RetryConfig, connect
-from forge.store import Store
 
 __all__ = ["Idea", "LLMConfig", "LLMError", "LLMPolicy", "MixedPolicy", "ProviderSpec", "RetryConfig",
            "keyholder_chat", "make_llm_policy"]
@@ -39,7 +39,7 @@ def _priced(table: PriceTable, spec: ProviderSpec, max_usd: float | None) -> Non
         raise UserError(f"--max-usd needs a price for {spec.name}: add it to a --prices file")
 
 
-def make_llm_policy(name: str, device: str, *, store: Store | None = None, max_usd: float | None = None,
+def make_llm_policy(name: str, device: str, *, store: CallStore | None = None, max_usd: float | None = None,
                     replay: str | None = None, prices: str | Path | None = None, retry: RetryConfig | None = None,
                     config: LLMConfig | None = None) -> LLMPolicy | MixedPolicy:
     """The policy for `PROVIDER:MODEL` or `recipes+PROVIDER:MODEL`; bad input is a UserError before any search.
@@ -62,10 +62,9 @@ def make_llm_policy(name: str, device: str, *, store: Store | None = None, max_u
         if store is None:
             raise UserError("--replay needs the store that holds the run")
         try:
-            store.get_run(replay)
+            answers = replay_answers(store, replay)
         except KeyError:
             raise UserError(f"no run {replay!r} in the store (see --db)") from None
-        answers = replay_answers(store, replay)
         if not answers:
             raise UserError(f"run {replay} has no stored LLM answers to replay")
     chat = None if replay is not None else connect(spec, retry, price=price, max_usd=max_usd)

@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 
 from forge.kernel import Status
+from forge.policy.base import CallStore
 from forge.policy.llm.limits import BudgetSpent, LLMError, NotSent
 from forge.policy.llm.prices import Price
 from forge.policy.llm.prompts import Prompt
 from forge.policy.llm.providers import Chat, ProviderSpec, Reply
-from forge.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class CallLog:
         self.deadline: float | None = None  # time.monotonic() by which every request must be over
         self.calls = 0
         self._lock = threading.Lock()
-        self.store: Store | None = None
+        self.store: CallStore | None = None
         self.run_id: str | None = None
 
     @property
@@ -79,7 +79,7 @@ class CallLog:
         """Dollars spent on requests so far."""
         return self.chat.ledger.spent if self.chat is not None else 0.0
 
-    def bind(self, store: Store, run_id: str) -> None:
+    def bind(self, store: CallStore, run_id: str) -> None:
         """Where calls are recorded (and the cache looked up)."""
         self.store, self.run_id = store, run_id
 
@@ -151,6 +151,6 @@ def _transcript(system: Prompt, messages: list[Message]) -> str:
     return "\n\n".join([f"## system\n{system.text}", *(f"## {role}\n{p.text}" for role, p in messages)])
 
 
-def replay_answers(store: Store, run_id: str) -> dict[str, tuple[str, str]]:
+def replay_answers(store: CallStore, run_id: str) -> dict[str, tuple[str, str]]:
     """The answers a run received, by request hash: (text, status); refusals and errors are not answers."""
     return {c.request_hash: (c.response, c.status) for c in store.llm_calls(run_id) if c.status in ANSWERED}

@@ -8,10 +8,9 @@ import itertools
 from typing import Any
 
 from forge.kernel import Candidate, EvalResult, Feedback, TaskSpec
-from forge.policy.base import Policy
+from forge.policy.base import CallStore, Policy
 from forge.policy.llm.policy import Idea, LLMPolicy
 from forge.policy.recipes.policy import RecipePolicy
-from forge.store import Store
 
 
 class MixedPolicy(Policy):
@@ -22,10 +21,9 @@ class MixedPolicy(Policy):
         self.llm = llm
         self.name = f"recipes+{llm.name}"
         self._seen: dict[tuple[str, Any], tuple[Candidate, EvalResult]] = {}
-        self._best: dict[str, tuple[float, Any]] = {}
         self._seeded: set[tuple[str, Any]] = set()
 
-    def bind(self, store: Store, run_id: str) -> None:
+    def bind(self, store: CallStore, run_id: str) -> None:
         """See LLMPolicy.bind."""
         self.llm.bind(store, run_id)
 
@@ -41,24 +39,25 @@ class MixedPolicy(Policy):
         """See LLMPolicy.close."""
         self.llm.close()
 
-    def mine(self, spec: TaskSpec) -> str | None:
+    def refusal(self, spec: TaskSpec) -> str | None:
         """Mine if either policy's."""
-        a, b = self.recipes.mine(spec), self.llm.mine(spec)
+        a, b = self.recipes.refusal(spec), self.llm.refusal(spec)
         return None if a is None or b is None else f"{a}; {b}"
 
     def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None = None) -> list[Any]:
         """Root: recipe schedules interleaved with first attempts; below the recipes' best: LLM optimize."""
         if isinstance(parent, Idea):
             return self.llm.propose(spec, parent, feedback)
+        self.llm.told(spec, feedback)
         if self.llm.stop_reason():
             return []
-        ours = self.recipes.propose(spec, parent, feedback) if self.recipes.mine(spec) is None else []
+        ours = self.recipes.propose(spec, parent, feedback) if self.recipes.refusal(spec) is None else []
         if parent is None:
             theirs = self.llm.propose(spec, None, feedback)
             return [p for pair in itertools.zip_longest(ours, theirs) for p in pair if p is not None]
         key = (spec.key, parent)
-        best = self._best.get(spec.key)
-        if key in self._seen and key not in self._seeded and best is not None and best[1] == parent:
+        best = feedback.best_payload if feedback else None  # the task's best (the search's record)
+        if key in self._seen and key not in self._seeded and best is not None and best == parent:
             self._seeded.add(key)
             ours = self.llm.seeded(spec, *self._seen[key]) + ours
         return ours
@@ -82,10 +81,7 @@ class MixedPolicy(Policy):
         return self.llm.render(spec, payload) if isinstance(payload, Idea) else self.recipes.render(spec, payload)
 
     def observe(self, spec: TaskSpec, payload: Any, cand: Candidate, res: EvalResult) -> None:
-        """Both kinds go into the LLM's lineage; the recipes' best is remembered for seeding."""
+        """Both kinds go into the LLM's lineage; recipe nodes are remembered for seeding."""
         self.llm.observe(spec, payload, cand, res)
         if not isinstance(payload, Idea):
             self._seen[(spec.key, payload)] = (cand, res)
-            t = res.timing.median_us if res.status.passed and res.timing else None
-            if t is not None and (spec.key not in self._best or t < self._best[spec.key][0]):
-                self._best[spec.key] = (t, payload)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-import statistics
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -24,14 +23,21 @@ from typing import Any
 from forge.backends import BACKENDS, for_device
 from forge.evaluate.mismatch import Mismatch
 from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, Status, TaskSpec
-from forge.policy.base import Policy
+from forge.policy.base import CallStore, Policy
 from forge.policy.llm.cache import CallLog, Message
 from forge.policy.llm.facts import compiler_report, device_facts, without_report
 from forge.policy.llm.limits import LLMError, quote
 from forge.policy.llm.parse import Malformed, parse_answer, prose
-from forge.policy.llm.prompts import LANG, Prompt, measured, measured_numbers, render, system_prompt, task_context
+from forge.policy.llm.prompts import (
+    LANG,
+    Prompt,
+    measured,
+    measured_numbers,
+    render_prompt,
+    system_prompt,
+    task_context,
+)
 from forge.policy.llm.tune import variants
-from forge.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +78,7 @@ class _Node:
 @dataclass
 class _TaskLog:
     attempts: list[str] = field(default_factory=list)  # outcome lines, oldest first (measured numbers marked)
-    best: tuple[float, Candidate] | None = None
-    eager_us: float | None = None  # the median of `baselines`
-    baselines: list[float] = field(default_factory=list)  # every paired eager median observed
-    floor_us: float | None = None
+    stats: Feedback = field(default_factory=Feedback)  # the search's statistics of the task, as last told
     firsts: int = 0
     digests: set[str] = field(default_factory=set)
 
@@ -110,7 +113,7 @@ class LLMPolicy(Policy):
         self._ids = itertools.count(1)
 
     # -- search hooks -------------------------------------------------------------------------------
-    def bind(self, store: Store, run_id: str) -> None:
+    def bind(self, store: CallStore, run_id: str) -> None:
         """Record calls in this run (and look the cache up in this store); the search's recorder links each
         call to the node its answer became, and so to its task."""
         self.calls.bind(store, run_id)
@@ -127,7 +130,7 @@ class LLMPolicy(Policy):
         """Drop requests not yet sent."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def mine(self, spec: TaskSpec) -> str | None:
+    def refusal(self, spec: TaskSpec) -> str | None:
         """Any task is the model's to try, on a device its backend runs on."""
         if (BACKENDS[self.backend].device == "cpu") != (self.device == "cpu"):
             return f"a {self.backend} kernel cannot run on {self.device}"
@@ -137,6 +140,7 @@ class LLMPolicy(Policy):
         """Root: first attempts; a failed node: its repair; a correct one: optimize (and tune) requests."""
         if self.stop_reason():
             return []
+        self.told(spec, feedback)
         tl = self._log(spec)
         if parent is None:
             n = min(self.config.width, self.config.max_first - tl.firsts)
@@ -154,6 +158,11 @@ class LLMPolicy(Policy):
             ideas = [self._ask(spec, "optimize", node, i) for i in range(self.config.optimize)]
             return ideas + (self.tunes(spec, node) if self.config.tune else [])
         return [self._ask(spec, "repair-build" if status in _BUILD else "repair-wrong", node, node.rounds - 1)]
+
+    def told(self, spec: TaskSpec, feedback: Feedback | None) -> None:
+        """The search's statistics of the task (its best, eager time, floor) for the prompts built next."""
+        if feedback is not None:
+            self._log(spec).stats = feedback
 
     def chosen(self, spec: TaskSpec, payloads: list[Any]) -> None:
         """Send the requests of the ideas the search evaluates next (an idea never chosen costs nothing)."""
@@ -188,12 +197,6 @@ class LLMPolicy(Policy):
     def observe(self, spec: TaskSpec, payload: Any, cand: Candidate, res: EvalResult) -> None:
         """What the search measured for a node: the lineage later prompts show."""
         tl = self._log(spec)
-        if res.baseline:
-            tl.baselines.append(res.baseline.median_us)  # the median, as the search counts it: not the smallest
-            tl.eager_us = statistics.median(tl.baselines)
-        tl.floor_us = res.floor_us or tl.floor_us
-        if res.status.passed and res.timing and (tl.best is None or res.timing.median_us < tl.best[0]):
-            tl.best = (res.timing.median_us, cand)
         node = self._nodes.get(payload.id) if isinstance(payload, Idea) else None
         if node is not None:
             node.result = res
@@ -263,7 +266,7 @@ class LLMPolicy(Policy):
             except Malformed as e:
                 first = e
             log.info("malformed answer, one repair turn: %s", first)
-            fix = render("repair-format", reason=first, backend=self.backend, lang=LANG[self.backend])
+            fix = render_prompt("repair-format", reason=first, backend=self.backend, lang=LANG[self.backend])
             quoted = quote(text)  # a 2 MB answer is not sent back whole
             messages = [*messages, ("assistant", Prompt(quoted, quoted)), ("user", fix)]
             text = ask(messages)
@@ -281,31 +284,32 @@ class LLMPolicy(Policy):
 
     def _prompt(self, spec: TaskSpec, kind: str, parent: _Node | None, variant: int, node: _Node) -> Prompt:
         tl = self._log(spec)
-        common = {"task": task_context(spec, tl.eager_us, tl.floor_us), "device": device_facts(self.device),
+        stats = tl.stats
+        common = {"task": task_context(spec, stats.eager_us, stats.floor_us), "device": device_facts(self.device),
                   "lineage": self._lineage(spec, parent, node), "lang": LANG[self.backend], "backend": self.backend}
         if kind == "first":
             hint = _FIRST_HINTS[variant % len(_FIRST_HINTS)]  # every first prompt its own: no two cached alike
             hint += f" (Attempt {variant + 1} at this task.)" if variant >= len(_FIRST_HINTS) else ""
-            return render("first", **common, variation=hint)
+            return render_prompt("first", **common, variation=hint)
         assert parent is not None and parent.result is not None
         res, code = parent.result, parent.future.result().source.strip()
         if kind == "repair-build":
             built = res.status is Status.BUILD_ERROR
-            return render("repair-build", **common, code=code,
+            return render_prompt("repair-build", **common, code=code,
                           stage="by the compiler" if built else "before building, by the static checks",
                           what="The compiler said" if built else "The checks said",
                           log=clean_log(without_report(res.build_log) if built else res.message))
         if kind == "repair-wrong":
             found = res.verify.get("mismatch") or (res.verify.get("timed") or {}).get("mismatch")
-            return render("repair-wrong", **common, code=code, status=res.status.value,
+            return render_prompt("repair-wrong", **common, code=code, status=res.status.value,
                           summary=measured_numbers(clean_log(res.message) or "no detail"),
                           mismatch=measured_numbers(Mismatch.from_dict(found).describe()) if found else "")
         t = res.timing.median_us if res.timing else None
-        floor = tl.floor_us
-        best = f"{measured(f'{tl.best[0]:.2f}')} us" if tl.best else "this one"
-        if tl.best and tl.best[1].source.strip() != code:
-            best += f":\n\n```{LANG[self.backend]}\n{tl.best[1].source.strip()}\n```"
-        return render("optimize", **common, code=code, best=best, report=compiler_report(res.build_log),
+        floor = stats.floor_us
+        best = f"{measured(f'{stats.best_us:.2f}')} us" if stats.best and stats.best_us else "this one"
+        if stats.best and stats.best_us and stats.best.source.strip() != code:
+            best += f":\n\n```{LANG[self.backend]}\n{stats.best.source.strip()}\n```"
+        return render_prompt("optimize", **common, code=code, best=best, report=compiler_report(res.build_log),
                       time_us=measured(f"{t:.2f}" if t else "?"),
                       percent=measured(f"{100 * floor / t:.0f}" if floor and t else "?"),
                       variation=_OPT_HINTS[variant % len(_OPT_HINTS)])

@@ -28,7 +28,6 @@ from forge.kernel import ABI_DIR, TaskSpec
 PROMPTS = Path(__file__).resolve().parents[3] / "prompts"  # the checkout's prompts/ (forge/policy/llm/)
 KINDS = ("first", "optimize", "repair-build", "repair-wrong", "repair-format")
 LANG = {name: b.prompt_lang for name, b in BACKENDS.items()}
-EXAMPLES = {"cpu": "cpu.cpp", "cuda": "cuda.cu", "triton": "triton.py"}
 _M0, _M1 = "\x01", "\x02"  # around a measured value while rendering
 _MEASURED = re.compile(f"{_M0}[^{_M1}]*{_M1}")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d+(?:e[+-]?\d+)?|(?<![\w.])\d+e[+-]?\d+", re.I)
@@ -64,7 +63,7 @@ def _env() -> jinja2.Environment:
                               autoescape=False)  # noqa: S701 - plain text for a model, never HTML
 
 
-def render(name: str, **values: object) -> Prompt:
+def render_prompt(name: str, **values: object) -> Prompt:
     """prompts/llm/NAME.md.j2 filled in; a missing value is an error (a bug in forge, not in the model)."""
     text = _env().get_template(f"llm/{name}.md.j2").render(**values)
     return Prompt.of(re.sub(r"\n{3,}", "\n\n", text).strip() + "\n")
@@ -74,8 +73,8 @@ def system_prompt(backend: str) -> Prompt:
     """The kernel ABI of the backend, forge_abi.h (native backends), an example kernel, the rules."""
     header = (ABI_DIR / "forge_abi.h").read_text().strip() if BACKENDS[backend].native else ""
     abi = (PROMPTS / f"abi-{backend}.md").read_text().strip()
-    example = (PROMPTS / "examples" / EXAMPLES[backend]).read_text().strip()
-    return render("system", backend=backend, lang=LANG[backend], abi=abi, header=header, example=example)
+    example = (PROMPTS / "examples" / BACKENDS[backend].example).read_text().strip()
+    return render_prompt("system", backend=backend, lang=LANG[backend], abi=abi, header=header, example=example)
 
 
 def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 
 from forge.backends import CUDA
 from forge.kernel import Candidate, TaskSpec
-from forge.policy.recipes import cuda_nhwc, pointwise, rowreduce
+from forge.policy.recipes import cuda_nhwc
 from forge.policy.recipes.cuda_common import PRELUDE, CudaKnobs, CudaRowKnobs
 from forge.policy.recipes.cuda_pointwise import pointwise_source
 from forge.policy.recipes.cuda_rows import row_source
@@ -33,7 +33,7 @@ from forge.policy.recipes.emit import NotMine
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PRELUDE", "CudaKnobs", "CudaRowKnobs", "candidate", "pointwise_source", "row_source", "supported"]
+__all__ = ["PRELUDE", "CudaKnobs", "CudaRowKnobs", "candidate", "pointwise_source", "row_source"]
 
 
 def candidate(spec: TaskSpec, knobs: CudaKnobs | CudaRowKnobs, low: Any = None) -> Candidate:
@@ -50,15 +50,3 @@ def candidate(spec: TaskSpec, knobs: CudaKnobs | CudaRowKnobs, low: Any = None) 
                 log.debug("no NHWC schedule for %s: %s", spec.key, e)
         src = src or row_source(spec, knobs, low)
     return Candidate(CUDA.name, src, flags=("--use_fast_math",) if knobs.fast_math else ())
-
-
-def supported(spec: TaskSpec) -> str:
-    """"pointwise" or "rows" when a CUDA recipe takes the task; NotMine with the reasons otherwise."""
-    reasons = []
-    for kind, mod in (("pointwise", pointwise), ("rows", rowreduce)):
-        try:
-            mod.lower(spec)
-            return kind
-        except NotMine as e:
-            reasons.append(f"{kind}: {e}")
-    raise NotMine("; ".join(reasons))

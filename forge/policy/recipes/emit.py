@@ -21,7 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from forge.capture.export import TensorMeta, contiguous_stride
 from forge.kernel import TaskSpec
-from forge.policy.recipes.index import Expr, IndexError_, Simplifier, cexpr, flatten, unflatten
+from forge.policy.recipes.index import Expr, Simplifier, UnprintableIndex, cexpr, flatten, unflatten
 from forge.tasks.cut import compile_source
 
 
@@ -181,7 +181,7 @@ class Emitter:
         try:
             raw = self.load_hook(i, off) if self.load_hook else None
             raw = raw or self.raw_load(i, off)
-        except IndexError_ as e:
+        except UnprintableIndex as e:
             raise NotMine(str(e)) from e
         return self.as_float(raw, m.torch_dtype)
 

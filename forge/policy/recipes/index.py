@@ -19,7 +19,7 @@ from forge.capture.export import contiguous_stride
 Expr = sympy.Expr
 
 
-class IndexError_(Exception):
+class UnprintableIndex(Exception):
     """An index expression the C printer does not know (the recipe then says "not mine")."""
 
 
@@ -70,7 +70,7 @@ def cexpr(e: Expr) -> str:
         return "(" + " + ".join(cexpr(a) for a in e.args) + ")"
     if isinstance(e, sympy.Mul):
         return "(" + " * ".join(cexpr(a) for a in e.args) + ")"
-    raise IndexError_(f"cannot print index {e}")
+    raise UnprintableIndex(f"cannot print index {e}")
 
 
 def unit_stride_in(e: Expr, k: sympy.Symbol) -> bool:

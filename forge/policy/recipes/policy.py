@@ -20,7 +20,7 @@ from typing import Any
 from forge.kernel import Candidate, Feedback, TaskSpec
 from forge.policy.base import Policy
 from forge.policy.recipes import cuda, pointwise, rowreduce, triton_kernels
-from forge.policy.recipes.pointwise import NotMine
+from forge.policy.recipes.emit import NotMine
 from forge.policy.recipes.triton_common import WHOLE_ROW_MAX, TritonKnobs, TritonRowKnobs
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class RecipePolicy(Policy):
             return (self.knob_class(spec),)
         return self.knob_class(spec), TritonKnobs if self.lowered(spec).kind == "pointwise" else TritonRowKnobs
 
-    def mine(self, spec: TaskSpec) -> str | None:
+    def refusal(self, spec: TaskSpec) -> str | None:
         """None if a recipe can express the task, else why not."""
         try:
             self.lowered(spec)
@@ -113,7 +113,7 @@ class RecipePolicy(Policy):
 
     def propose(self, spec: TaskSpec, parent: Any, feedback: Feedback | None = None) -> list[Any]:
         """Root: the default schedule and a few diverse ones; a node: its one-knob mutations."""
-        if self.mine(spec) is not None:
+        if self.refusal(spec) is not None:
             return []
         seen = self._proposed.setdefault(spec.key, set())
         if parent is None:

@@ -16,7 +16,7 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 from forge.capture.export import TensorMeta
 from forge.kernel import TaskSpec
 from forge.policy.recipes.emit import Emitter, NotMine
-from forge.policy.recipes.index import Expr, IndexError_, Simplifier
+from forge.policy.recipes.index import Expr, Simplifier, UnprintableIndex
 
 # Helpers of every generated module (the ABI allows function definitions decorated by triton only). tanh through
 # the sigmoid: triton.language has no tanh that both Triton 3.6 and 3.8 lower on every backend and the interpreter.
@@ -88,7 +88,7 @@ def texpr(e: Expr) -> str:
         return "(" + " + ".join(texpr(a) for a in e.args) + ")"
     if isinstance(e, sympy.Mul):
         return "(" + " * ".join(texpr(a) for a in e.args) + ")"
-    raise IndexError_(f"cannot print index {e}")
+    raise UnprintableIndex(f"cannot print index {e}")
 
 
 def lit(x: Any) -> str:

@@ -140,7 +140,6 @@ class Feedback:
     floor_us: float | None = None  # the task's memory-traffic floor
     tried: int = 0  # candidates evaluated for the task
     best: Candidate | None = None  # the task's fastest passing candidate so far
-    best_payload: Any = None  # its payload (what the policy proposed)
 
 
 @dataclass(frozen=True)

@@ -273,12 +273,10 @@ class TaskSearch:
         res = self.results.get(node.id)
         errs = [v for s in (res.verify.get("sets", []) if res else []) if isinstance(s, dict)
                 for k, v in s.items() if k.startswith("err") and isinstance(v, (int, float))]
-        best = self.tree.nodes[self.best_node] if self.best and self.best_node in self.tree.nodes else None
         return Feedback(res.status.value if res else None, res.message if res else "",
                         res.speedup if res else None, res.timing.median_us if res and res.timing else None,
                         max(errs) if errs else None, self.best[0] if self.best else None, self.eager_us,
-                        self.floor_us, self.tried, self.best[1] if self.best else None,
-                        best.payload if best else None)
+                        self.floor_us, self.tried, self.best[1] if self.best else None)
 
     def _record(self, node: Node, cand: Candidate, res: EvalResult) -> None:
         self.results[node.id] = res

@@ -56,11 +56,16 @@ class MixedPolicy(Policy):
             theirs = self.llm.propose(spec, None, feedback)
             return [p for pair in itertools.zip_longest(ours, theirs) for p in pair if p is not None]
         key = (spec.key, parent)
-        best = feedback.best_payload if feedback else None  # the task's best (the search's record)
-        if key in self._seen and key not in self._seeded and best is not None and best == parent:
+        if key in self._seen and key not in self._seeded and parent == self._best_recipe(spec):
             self._seeded.add(key)
             ours = self.llm.seeded(spec, *self._seen[key]) + ours
         return ours
+
+    def _best_recipe(self, spec: TaskSpec) -> Any:
+        """The fastest passing recipe node of the task (among those seen), or None."""
+        timed = {p: r.timing.median_us for (k, p), (_, r) in self._seen.items()
+                 if k == spec.key and r.status.passed and r.timing}
+        return min(timed, key=timed.__getitem__) if timed else None
 
     def chosen(self, spec: TaskSpec, payloads: list[Any]) -> None:
         """The LLM's chosen ideas are sent now; recipes need nothing."""

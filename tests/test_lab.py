@@ -3,6 +3,7 @@ person's inputs and cached; the app answers bad input with a message and goes on
 
 import base64
 import collections
+import importlib.util
 import io
 import math
 import re
@@ -272,3 +273,42 @@ def test_a_slow_build_does_not_block_another_entrys_run(tmp_path, monkeypatch):
     finally:
         release.set()
         lab.close()
+
+
+def test_the_test_image_is_the_packaged_photograph_where_installed_else_drawn(tmp_path, monkeypatch):
+    """With a package laid out as scikit-image's wheel is (skimage/data/astronaut.png) its photograph is the
+    test image, read as a file (the package is never imported); without the file, the drawn one."""
+    import importlib
+    import sys
+
+    from PIL import Image
+
+    from forge.lab import testimage
+
+    if "skimage" in sys.modules:
+        pytest.skip("scikit-image is imported here: the folder below would not be found first")
+    pkg = tmp_path / "skimage"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('forge lab must not import scikit-image')\n")
+    Image.new("RGB", (512, 512), (10, 200, 30)).save(pkg / "data" / "astronaut.png")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    testimage._pixels.cache_clear()
+    try:
+        assert testimage.packaged_path() == pkg / "data" / "astronaut.png"
+        t = testimage.test_image()
+        assert t.shape == (1, 3, 256, 256) and "scikit-image" in testimage.source()
+        torch.testing.assert_close(t[0, :, 100, 100], torch.tensor([10, 200, 30]) / 255.0)
+        (pkg / "data" / "astronaut.png").unlink()
+        testimage._pixels.cache_clear()
+        assert testimage.packaged_path() is None and testimage.source() == "drawn with PIL"
+    finally:
+        testimage._pixels.cache_clear()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("skimage") is None, reason="scikit-image is not installed")
+def test_the_installed_scikit_image_ships_the_photograph():
+    from forge.lab import testimage
+
+    assert testimage.packaged_path() is not None and "scikit-image" in testimage.source()
+    assert float(testimage.test_image().std()) > 0.1

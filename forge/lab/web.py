@@ -29,6 +29,7 @@ from forge.lab.found import Found, picture
 from forge.lab.inputs import parse_range, parse_settings, read_image
 from forge.lab.pictures import draw
 from forge.lab.service import Lab
+from forge.lab.testimage import source as image_source
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -78,7 +79,8 @@ def create_app(lab: Lab, found: list[Found] | None = None) -> FastAPI:
     @app.get("/kernels/{slug}", response_class=HTMLResponse)
     def kernel_page(slug: str) -> str:
         e = entry(slug)
-        return _page("kernel.html", e=e, family=TITLES[e.family], state=lab.cache.state(slug), device=lab.device)
+        return _page("kernel.html", e=e, family=TITLES[e.family], state=lab.cache.state(slug), device=lab.device,
+                     image_source=image_source())
 
     @app.get("/found/{slug}", response_class=HTMLResponse)
     def found_page(slug: str) -> str:

@@ -244,6 +244,7 @@ def test_a_slow_build_does_not_block_another_entrys_run(tmp_path, monkeypatch):
     built before runs to the end in the real worker; then the held one finishes too."""
     from forge.evaluate import build as build_module
 
+    monkeypatch.setenv("FORGE_CACHE", str(tmp_path / "forge"))  # builds of its own: the held one must compile
     lab = Lab("cpu", tmp_path)
     release, started, results = threading.Event(), threading.Event(), []
     try:

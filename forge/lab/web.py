@@ -82,22 +82,7 @@ def create_app(lab: Lab, found: list[Found] | None = None) -> FastAPI:
         return _page("kernel.html", e=e, family=TITLES[e.family], state=lab.cache.state(slug), device=lab.device,
                      image_source=image_source())
 
-    @app.get("/found/{slug}", response_class=HTMLResponse)
-    def found_page(slug: str) -> str:
-        k = _found(by_slug, slug)
-        return _page("found.html", k=k, family=TITLES[k.family], device=lab.device, runs=k.runs_on(lab.device))
-
-    @app.post("/api/found/{slug}")
-    async def api_found(slug: str, request: Request) -> Response:
-        k = _found(by_slug, slug)
-        try:
-            lo, hi = parse_range(await _body(request), (-3.0, 3.0))
-            out = await run_in_threadpool(lab.run_found, k, lo, hi)
-            label = "forge" if out.path == "forge" else "eager"
-            pictures = draw(picture(k.spec()), out.inputs, out.outputs, out.eager, label)
-        except ValueError as err:
-            return _bad(str(err))
-        return JSONResponse(_json(out, pictures))
+    _found_routes(app, lab, by_slug)
 
     @app.post("/api/run/{slug}")
     async def api_run(slug: str, request: Request) -> Response:
@@ -117,6 +102,27 @@ def create_app(lab: Lab, found: list[Found] | None = None) -> FastAPI:
         return JSONResponse(_json(out, pictures))
 
     return app
+
+
+def _found_routes(app: FastAPI, lab: Lab, by_slug: dict[str, Found]) -> None:
+    """The pages and the run route of the kernels found by the user's runs."""
+
+    @app.get("/found/{slug}", response_class=HTMLResponse)
+    def found_page(slug: str) -> str:
+        k = _found(by_slug, slug)
+        return _page("found.html", k=k, family=TITLES[k.family], device=lab.device, runs=k.runs_on(lab.device))
+
+    @app.post("/api/found/{slug}")
+    async def api_found(slug: str, request: Request) -> Response:
+        k = _found(by_slug, slug)
+        try:
+            lo, hi = parse_range(await _body(request), (-3.0, 3.0))
+            out = await run_in_threadpool(lab.run_found, k, lo, hi)
+            label = "forge" if out.path == "forge" else "eager"
+            pictures = draw(picture(k.spec()), out.inputs, out.outputs, out.eager, label)
+        except ValueError as err:
+            return _bad(str(err))
+        return JSONResponse(_json(out, pictures))
 
 
 async def _body(request: Request) -> dict[str, Any]:

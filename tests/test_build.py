@@ -47,3 +47,33 @@ def test_pool_builds_in_parallel(tmp_path):
     results = [f.result() for f in futures]
     pool.close()
     assert all(r.ok for r in results) and len({r.key for r in results}) == 3
+
+
+def test_a_cached_build_is_answered_while_the_pool_is_busy_compiling(tmp_path, monkeypatch):
+    """A hit never queues behind compilers: with the pool's only thread held by a build that waits, the cached
+    candidate's future is done at once (forge lab's other entries run while one compiles)."""
+    import threading
+
+    from forge.evaluate import build as build_module
+
+    cand = Candidate("cpu", GOOD)
+    assert build(cand, cache_dir=tmp_path).ok
+    release, started = threading.Event(), threading.Event()
+    real = build_module.build
+
+    def held(c, *args, **kw):
+        started.set()
+        release.wait(60)
+        return real(c, *args, **kw)
+
+    monkeypatch.setattr(build_module, "build", held)
+    pool = BuildPool(workers=1, cache_dir=tmp_path)
+    try:
+        busy = pool.submit(Candidate("cpu", GOOD + "\n// another\n"))
+        assert started.wait(60)
+        hit = pool.submit(cand)
+        assert hit.done() and hit.result().cached and not busy.done()
+    finally:
+        release.set()
+        pool.close()
+    assert busy.result().ok and not busy.result().cached

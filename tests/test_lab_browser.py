@@ -31,14 +31,13 @@ FORGE = {"sin", "gelu", "group-norm-3", "scaled-masked-softmax", "to-bfloat16", 
          "transpose", "lerp"}
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("lab")
+def _serve(tmp: Path, db: Path):
+    """`forge lab` on a free port over `db`; yields its URL, stops it after."""
     port = free_port()
     log = (tmp / "lab.log").open("w")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "lab", "--port", str(port), "--cache", str(tmp / "c"),
-                             "--db", str(tmp / "none.db")], stdout=log, stderr=subprocess.STDOUT, env=env)
+                             "--db", str(db)], stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -53,6 +52,18 @@ def lab(tmp_path_factory):
     yield url
     proc.terminate()
     proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab")
+    yield from _serve(tmp, tmp / "none.db")
+
+
+@pytest.fixture(scope="module")
+def lab_with_runs(rs, tmp_path_factory):
+    """The lab over the store of a real search (conftest's `rs`): its kernels have pages."""
+    yield from _serve(tmp_path_factory.mktemp("labruns"), rs.db)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +102,7 @@ def test_run_a_kernel_of_each_family(lab, page, family):
     if slug in FORGE:
         assert page.text_content("#time").endswith("s") and page.text_content("#speedup").endswith("x")
         assert "forge_launch" in page.text_content("#kernel-source")
+        assert "=" in page.text_content("#knobs")  # the schedule that ran
     assert page.is_hidden("#error") and not page.outside
 
 
@@ -112,3 +124,19 @@ def test_bad_input_shows_a_message_and_the_page_goes_on(lab, page, tmp_path):
     page.click("#run")  # the server went on
     page.wait_for_selector("#pictures img", timeout=240_000)
     assert page.is_hidden("#error")
+
+
+def test_a_kernel_found_by_a_run_has_a_page_in_its_family_that_runs_it(lab_with_runs, page):
+    page.goto(lab_with_runs + "/")
+    card = page.locator("a.card.found").first
+    family = card.evaluate("(a) => a.closest('section').dataset.family")
+    assert family in TITLES
+    card.click()
+    page.wait_for_selector("#run-form")
+    assert "/runs/" in page.get_attribute("#tree", "href")  # its search tree in forge ui
+    page.click("#run")
+    page.wait_for_selector("#pictures img", timeout=240_000)
+    assert "forge-generated" in page.text_content("#path")
+    assert page.text_content("#time").endswith("s") and page.text_content("#speedup").endswith("x")
+    assert page.text_content("#max-error") not in ("", "—") and "forge_launch" in page.text_content("#kernel-source")
+    assert page.is_hidden("#error") and not page.outside

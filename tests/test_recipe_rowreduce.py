@@ -62,3 +62,21 @@ def test_pointwise_tasks_and_column_reductions_are_not_mine():
     t = build_tasks(capture(torch.nn.SiLU(), [torch.randn(8, 16)]).graph_module.graph)[0]
     with pytest.raises(NotMine, match="not one reduction"):
         rowreduce.lower(TaskSpec.of(t))
+
+
+def test_rows_in_parallel_only_when_the_work_is_worth_threads(evaluator):
+    """A softmax over 8 x 100 elements runs its rows on the calling thread; over PARALLEL_MIN or more, in
+    parallel (forge.policy.recipes.pointwise.PARALLEL_MIN); both verify."""
+    from forge.policy.recipes.pointwise import PARALLEL_MIN
+
+    class Softmax(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1)
+
+    for rows, threads in ((8, False), (PARALLEL_MIN // 100 + 1, True)):
+        (task,) = build_tasks(capture(Softmax(), [torch.randn(rows, 100)]).graph_module.graph)
+        spec = TaskSpec.of(task)
+        cand = rowreduce.candidate(rowreduce.lower(spec), rowreduce.RowKnobs())
+        assert ("#pragma omp parallel for" in cand.source) is threads, rows
+        res = evaluator.evaluate(spec, cand)
+        assert res.status.value == "ok", (rows, res.message, res.build_log[-400:])

@@ -122,10 +122,10 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
     folder = cache_dir / "builds" / key
     b = BACKENDS[candidate.backend]
     suffix, target = b.suffix, folder / b.artifact
+    hit = _hit(folder, target, key, start)
+    if hit is not None:
+        return hit
     if target.exists():
-        if _read(folder / "kernel.sha256").strip() == file_sha256(target):
-            return BuildResult(True, str(target), _read(folder / "build.log"), time.perf_counter() - start,
-                               True, key)
         log.warning("cached build %s changed since it was built (or has no hash): building it again", key)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"tmp-{os.getpid()}-{time.monotonic_ns()}"
@@ -159,6 +159,24 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
         return BuildResult(ok, str(target) if ok else "", text, time.perf_counter() - start, False, key)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cached(candidate: Candidate, arch: str | None = None, cache_dir: Path | None = None) -> BuildResult | None:
+    """The candidate's build if the cache holds it intact, else None (nothing is built)."""
+    start = time.perf_counter()
+    try:
+        key = build_key(candidate, arch)
+    except (FileNotFoundError, subprocess.SubprocessError):
+        return None
+    folder = (cache_dir or default_cache_dir()) / "builds" / key
+    return _hit(folder, folder / BACKENDS[candidate.backend].artifact, key, start)
+
+
+def _hit(folder: Path, target: Path, key: str, start: float) -> BuildResult | None:
+    """The build in `folder` if its file is there and matches its recorded SHA-256."""
+    if target.exists() and _read(folder / "kernel.sha256").strip() == file_sha256(target):
+        return BuildResult(True, str(target), _read(folder / "build.log"), time.perf_counter() - start, True, key)
+    return None
 
 
 def file_sha256(path: str | Path) -> str:
@@ -196,7 +214,13 @@ class BuildPool:
                                           thread_name_prefix="forge-build")
 
     def submit(self, candidate: Candidate) -> cf.Future[BuildResult]:
-        """Start a build; the future's result is a BuildResult."""
+        """Start a build; the future's result is a BuildResult. A cached build is answered at once, here: it
+        never waits behind compilers of other candidates."""
+        hit = cached(candidate, self.arch, self.cache_dir)
+        if hit is not None:
+            done: cf.Future[BuildResult] = cf.Future()
+            done.set_result(hit)
+            return done
         return self.pool.submit(build, candidate, self.arch, self.cache_dir)
 
     def close(self) -> None:

@@ -175,7 +175,7 @@ class Evaluator(BaseEvaluator):
         self.builds.close()
 
     def call(self, task: TaskSpec, cand: Candidate, inputs: list[Any]) -> tuple[Any, ...] | EvalResult:
-        """The outputs of one call of a candidate (built, cached) on these inputs, in the first worker; no
+        """The outputs of one call of a candidate (built, cached) on these inputs, on the next free worker; no
         verdict: forge lab runs a verified kernel on a person's own inputs so. A failure is an EvalResult."""
         problems = check(cand)
         if problems:
@@ -186,8 +186,9 @@ class Evaluator(BaseEvaluator):
         found = check_library(built.path, cand.backend)
         if found:
             return EvalResult(found[0][0], "; ".join(m for _, m in found)[:2000], device=self.device)
-        return call_once(self.worker, task, cand.backend, built.path, cand.entry, inputs, self.timeout_s)
-
+        job = self.slots.submit(lambda i: call_once(self.workers[i], task, cand.backend, built.path, cand.entry,
+                                                    inputs, self.timeout_s))
+        return job.result()  # on a judging slot: never at once with another candidate on that worker
 
 
 def first_error(log_text: str) -> str:

@@ -58,7 +58,9 @@ class EntryState:
     us: float | None = None
     eager_us: float | None = None
     task: str = ""  # the task's key
-    key: str = ""  # the verdict's content key
+    key: str = ""  # the verdict's content key (of the kernel the lab runs: the fastest that verified)
+    knobs: str = ""  # that kernel's schedule
+    tried: int = 0  # the policy's kernels judged to choose it
 
 
 class Cache:

@@ -171,12 +171,13 @@ _SIGNAL = [
           Param("frequency", 24.0, 1.0, 200.0), picture="heatmap"),
     Entry("lowpass", "signal", "low-pass: irfft of the first tenth of rfft",
           _u(lambda x: torch.fft.irfft(torch.fft.rfft(x) * (torch.arange(x.shape[0] // 2 + 1) < x.shape[0] // 20),
-                                       x.shape[0])), "signal", Param("frequency", 24.0, 1.0, 200.0)),
+                                       x.shape[0])), "signal", Param("frequency", 24.0, 1.0, 200.0),
+          picture="filtered"),
     Entry("hann-window", "signal", "Hann window applied (before a DFT)",
           _u(lambda x: x * (0.5 - 0.5 * torch.cos(2 * math.pi * torch.arange(x.shape[0]) / x.shape[0]))), "signal",
-          Param("frequency", 24.0, 1.0, 200.0)),
+          Param("frequency", 24.0, 1.0, 200.0), picture="filtered"),
     Entry("dc-remove", "signal", "remove the mean (DC)", _u(lambda x: x - x.mean()), "signal",
-          Param("frequency", 24.0, 1.0, 200.0)),
+          Param("frequency", 24.0, 1.0, 200.0), picture="filtered"),
 ]
 
 _SEQ = [

@@ -99,16 +99,20 @@ def parse_settings(maker: Maker, raw: dict[str, object], param: tuple[float, flo
         p = _number(raw.get("param", param[0]), "parameter")
         if not param[1] <= p <= param[2]:
             raise ValueError(f"Invalid parameter: {p:g} (from {param[1]:g} to {param[2]:g})")
-    lo, hi = lo_hi
-    if maker.ranged:
-        lo, hi = _number(raw.get("lo", lo), "range start"), _number(raw.get("hi", hi), "range end")
-        if not (lo < hi and abs(lo) <= 1e6 and abs(hi) <= 1e6):
-            raise ValueError(f"Invalid range: [{lo:g}, {hi:g}] (start below end, within +-1e6)")
+    lo, hi = parse_range(raw, lo_hi) if maker.ranged else lo_hi
     settings = Settings(tuple(sizes), p, lo, hi)
     biggest = max((math.prod(shape) for shape in shapes(maker, settings)), default=0)
     if biggest > MAX_ELEMENTS:
         raise ValueError(f"Invalid sizes: {biggest} elements in one input (at most {MAX_ELEMENTS})")
     return settings
+
+
+def parse_range(raw: dict[str, object], lo_hi: tuple[float, float]) -> tuple[float, float]:
+    """The input range from the page's "lo" and "hi" (defaults: `lo_hi`); ValueError with the reason."""
+    lo, hi = _number(raw.get("lo", lo_hi[0]), "range start"), _number(raw.get("hi", lo_hi[1]), "range end")
+    if not (lo < hi and abs(lo) <= 1e6 and abs(hi) <= 1e6):
+        raise ValueError(f"Invalid range: [{lo:g}, {hi:g}] (start below end, within +-1e6)")
+    return lo, hi
 
 
 def read_image(data: bytes) -> torch.Tensor:

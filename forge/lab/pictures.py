@@ -12,8 +12,6 @@ from html import escape
 
 import torch
 
-from forge.lab.inputs import Settings
-
 W, H, PAD = 560, 300, 44
 MAX_POINTS = 2000  # a curve is drawn from at most this many points (evenly picked)
 MAX_PIXELS = 512  # the longer side of a PNG
@@ -158,7 +156,7 @@ def heatmap(t: torch.Tensor, title: str) -> Picture:
 
 
 def draw(kind: str, inputs: tuple[torch.Tensor, ...], outputs: tuple[torch.Tensor, ...],
-         eager: tuple[torch.Tensor, ...], s: Settings, label: str) -> list[Picture]:
+         eager: tuple[torch.Tensor, ...], label: str) -> list[Picture]:
     """The pictures of one run (`kind`: an entry's picture; `label`: whose outputs they are)."""
     out = outputs[0] if outputs else torch.zeros(1)
     ref = eager[0] if eager else out
@@ -172,13 +170,15 @@ def draw(kind: str, inputs: tuple[torch.Tensor, ...], outputs: tuple[torch.Tenso
                        (label, idx[: out.numel()], out.flatten(), "#c0392b")], "input and output by index")]
     if kind == "histogram":
         return [bars(inputs[0], "input values"), bars(out, f"{label} output values", colour="#c0392b")]
-    if kind == "spectrum":
+    if kind in ("spectrum", "filtered"):  # the output is a spectrum, or a signal shown by its spectrum
         x = inputs[0]
-        spectrum = torch.fft.rfft(out.double().flatten()).abs() if out.dim() == 1 and out.numel() == x.numel() \
-            else out.double().flatten()
+        if kind == "filtered":
+            spectrum = torch.fft.rfft(out.double().flatten()).abs()
+            caption = f"spectrum of the {label} output (magnitude by frequency bin)"
+        else:
+            spectrum, caption = out.double().flatten(), f"{label} output (magnitude by frequency bin)"
         return [lines([("signal", torch.arange(x.numel()), x, "#7f8c8d")], "input signal"),
-                lines([(label, torch.arange(spectrum.numel()), spectrum, "#c0392b")],
-                      "spectrum (magnitude by frequency bin)" if spectrum is not out else f"{label} output")]
+                lines([(label, torch.arange(spectrum.numel()), spectrum, "#c0392b")], caption)]
     if kind == "mask":
         return [image(inputs[0], "input (brightness)"), image(out.double(), f"{label} mask")]
     if kind == "image":

@@ -1,18 +1,41 @@
-"""The lab's test image, drawn with PIL (no installed package ships a photograph to use; drawing one needs no
-download and carries no licence): a sky gradient, a sun, hills, a checkerboard, stripes of rising frequency
-(what resizing aliases) and coloured shapes with sharp edges (what filters blur or find)."""
+"""The lab's test image: the photograph that ships inside scikit-image's wheel (skimage/data/astronaut.png, from
+NASA's Great Images, public domain, 512 x 512 RGB) when scikit-image is installed (`pip install
+'forge-kernels[lab-image]'`), else one drawn with PIL (no download, no licence): a sky gradient, a sun, hills, a
+checkerboard, stripes of rising frequency (what resizing aliases) and coloured shapes with sharp edges (what
+filters blur or find).
+
+scikit-image is not imported (it pulls in SciPy): its package folder is found with importlib and the PNG read
+with PIL.
+"""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import logging
+from pathlib import Path
 
 import torch
 
+log = logging.getLogger(__name__)
 SIZE = 256
+PACKAGED = ("skimage", "data/astronaut.png")  # (package, file in it)
 
 
-@functools.cache
-def _pixels() -> bytes:
+def packaged_path(package: str = PACKAGED[0], name: str = PACKAGED[1]) -> Path | None:
+    """The packaged photograph's file if that package is installed and ships it (nothing is imported)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / name
+        if path.is_file():
+            return path
+    return None
+
+
+def _drawn() -> bytes:
     from PIL import Image, ImageDraw
 
     im = Image.new("RGB", (SIZE, SIZE))
@@ -35,7 +58,28 @@ def _pixels() -> bytes:
     return im.tobytes()
 
 
+@functools.cache
+def _pixels() -> tuple[bytes, str]:
+    """SIZE x SIZE RGB bytes and where they come from."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = packaged_path()
+    if path is not None:
+        try:
+            with Image.open(path) as im:
+                rgb = im.convert("RGB").resize((SIZE, SIZE), Image.Resampling.LANCZOS)
+            return rgb.tobytes(), f"{path.parent.parent.name}/{path.parent.name}/{path.name} (scikit-image)"
+        except (OSError, UnidentifiedImageError) as e:
+            log.warning("cannot read the packaged test image %s (%s): drawing one", path, e)
+    return _drawn(), "drawn with PIL"
+
+
+def source() -> str:
+    """Where the test image comes from (the kernel pages say it)."""
+    return _pixels()[1]
+
+
 def test_image() -> torch.Tensor:
     """The test image as (1, 3, 256, 256) float32 in [0, 1] (a new tensor each call)."""
-    t = torch.frombuffer(bytearray(_pixels()), dtype=torch.uint8).view(SIZE, SIZE, 3)
+    t = torch.frombuffer(bytearray(_pixels()[0]), dtype=torch.uint8).view(SIZE, SIZE, 3)
     return t.permute(2, 0, 1).unsqueeze(0).float() / 255.0

@@ -1,5 +1,6 @@
-// forge lab: a kernel page's form posts its settings (and an image, as base64) to /api/run/<slug> and shows
-// the answer: numbers as text, pictures as <img> from data URIs. Nothing else is fetched.
+// forge lab: a kernel page's form posts its settings (and an image, as base64) to its data-api route
+// (/api/run/<slug>, or /api/found/<run>-<task> for a kernel found by your runs) and shows the answer: numbers as
+// text, pictures as <img> from data URIs. Nothing else is fetched.
 "use strict";
 
 function show(id, text) { document.getElementById(id).textContent = text; }
@@ -28,7 +29,7 @@ async function run(form) {
   err.hidden = true;
   document.getElementById("busy").hidden = false;
   try {
-    const resp = await fetch("/api/run/" + encodeURIComponent(form.dataset.slug), {
+    const resp = await fetch(form.dataset.api, {
       method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
     const data = await resp.json();
     if (!resp.ok) throw new Error(data.error || resp.statusText);
@@ -48,6 +49,7 @@ function render(d) {
   show("time", us(d.us));
   show("eager-time", us(d.eager_us));
   show("speedup", d.speedup == null ? "—" : d.speedup.toFixed(2) + "x");
+  show("knobs", d.knobs ? d.knobs + (d.tried > 1 ? " (the fastest verified of " + d.tried + " judged)" : "") : "—");
   show("shapes", d.shapes.map(s => "(" + s.join(", ") + ")").join(" "));
   show("why", d.why);
   show("kernel-source", d.kernel_source || "(eager PyTorch)");

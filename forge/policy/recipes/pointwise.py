@@ -28,10 +28,22 @@ __all__ = ["Knobs", "Lowered", "NotMine", "PRELUDE", "candidate", "emit_cpu", "i
 class Knobs:
     """The schedule the search explores."""
 
-    chunk: int = 0  # OpenMP static schedule chunk (0: even split)
+    chunk: int = 0  # OpenMP static schedule chunk (0: even split); no OpenMP below PARALLEL_MIN elements
     simd: bool = True  # `omp parallel for simd`
     unroll: int = 1  # GCC unroll pragma
     fast_math: bool = False
+
+
+# Below this many elements a loop runs on the calling thread: waking OpenMP's team costs more than the work.
+# ATen's own loops use the same grain (at::internal::GRAIN_SIZE), so eager and forge split work alike. Measured
+# on a loaded 2-core host: 512 sines took 7-8 ms under `omp parallel for` (the team waits for the other core),
+# 7 us without; at 1M elements both took the same.
+PARALLEL_MIN = 32768
+
+
+def parallel_for(work: int, clause: str) -> str:
+    """`#pragma omp parallel for<clause>` when `work` (elements) is worth threads (PARALLEL_MIN), else ""."""
+    return f"#pragma omp parallel for{clause}" if work >= PARALLEL_MIN else ""
 
 
 PRELUDE = r"""#include "forge_abi.h"
@@ -192,22 +204,24 @@ def emit_cpu(low: Lowered, knobs: Knobs) -> str:
     guard = guard_checks(low.inputs)
     schedule = f" schedule(static, {knobs.chunk})" if knobs.chunk else " schedule(static)"
     simd = "#pragma omp simd" if knobs.simd else f"#pragma GCC unroll {max(knobs.unroll, 1)}"
+    par = parallel_for(low.numel, schedule)
     if low.outer > 1:  # rows of unit-stride elements: parallel over rows, vector loop inside
         body = "\n".join(f"      {line}" for line in low.body)
-        loop = (f"  #pragma omp parallel for{schedule}\n  for (idx_t o = 0; o < {low.outer}; ++o) {{\n"
+        loop = (f"  {par}\n  for (idx_t o = 0; o < {low.outer}; ++o) {{\n"
                 f"    {simd}\n    for (idx_t k = 0; k < {low.inner}; ++k) {{\n"
                 f"      const idx_t i = o * {low.inner} + k;\n"
                 f"{body}\n    }}\n  }}\n")
     elif knobs.unroll > 1:  # blocks of `unroll` elements per iteration of the parallel loop, the tail cut short
         body = "\n".join(f"      {line}" for line in low.body)
-        loop = (f"  #pragma omp parallel for{schedule}\n"
+        loop = (f"  {par}\n"
                 f"  for (idx_t i0 = 0; i0 < n; i0 += {knobs.unroll}) {{\n"
                 f"    const idx_t end = i0 + {knobs.unroll} < n ? i0 + {knobs.unroll} : n;\n"
                 f"    {simd}\n    for (idx_t k = i0; k < end; ++k) {{\n      const idx_t o = 0, i = k; (void)o;\n"
                 f"{body}\n    }}\n  }}\n")
     else:
         body = "\n".join(f"    {line}" for line in low.body)
-        loop = (f"  #pragma omp parallel for{' simd' if knobs.simd else ''}{schedule}\n"
+        flat = parallel_for(low.numel, f"{' simd' if knobs.simd else ''}{schedule}") or (simd if knobs.simd else "")
+        loop = (f"  {flat}\n"
                 f"  for (idx_t k = 0; k < n; ++k) {{\n    const idx_t o = 0, i = k; (void)o;\n{body}\n  }}\n")
     return (f"{PRELUDE}\n// forge recipe: pointwise, {low.outer} x {low.inner}, knobs {knobs}\n"
             f"extern \"C\" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {{\n"

@@ -2,8 +2,9 @@
 
 A region with one reduction or normalization over its input's trailing dimensions (softmax,
 log-softmax, logsumexp, mean/sum/amax, RMSNorm written out, LayerNorm, GroupNorm, whose groups are
-trailing-contiguous too) becomes a loop over rows, in parallel; per row, pass 1 evaluates the prologue
-and accumulates the statistics, pass 2 evaluates the epilogue at every element and stores the outputs.
+trailing-contiguous too) becomes a loop over rows, in parallel (of PARALLEL_MIN elements or more); per row,
+pass 1 evaluates the prologue and accumulates the statistics, pass 2 evaluates the epilogue at every element
+and stores the outputs.
 Knobs: online softmax (one pass for max and sum) or two passes; Welford or sum/sum-of-squares
 variance; OpenMP schedule; SIMD reductions. Pointwise code comes from forge.policy.recipes.pointwise.
 """
@@ -24,7 +25,7 @@ from forge.backends import CPU
 from forge.kernel import Candidate, TaskSpec
 from forge.policy.recipes.emit import FLOAT_TYPES, Emitter, NotMine, from_float, guard_checks, lit, shape_of, trace_task
 from forge.policy.recipes.index import Expr, Simplifier, cexpr, flatten, unflatten, unit_stride_in, var
-from forge.policy.recipes.pointwise import PRELUDE, index_type, pointers
+from forge.policy.recipes.pointwise import PRELUDE, index_type, parallel_for, pointers
 from forge.tasks.ops import Kind, kind_of, op_name
 
 _REDUCE_OPS = {"mean", "sum", "amax", "amin", "_softmax", "_log_softmax", "logsumexp", "native_layer_norm",
@@ -38,7 +39,7 @@ class RowKnobs:
     online: bool = True  # softmax: running max and sum in one pass (else a max pass, then a sum pass)
     welford: bool = False  # variance by Welford's update (else sum and sum of squares in double)
     simd: bool = True
-    chunk: int = 0  # OpenMP schedule chunk over rows (0: even split)
+    chunk: int = 0  # OpenMP schedule chunk over rows (0: even split); no OpenMP below PARALLEL_MIN elements
     fast_math: bool = False  # vector exp/log from libmvec (infinities still honoured)
 
 
@@ -284,7 +285,7 @@ def _stats_code(low: RowLowered, knobs: RowKnobs, eps: str) -> str:
 
 def emit_cpu(low: RowLowered, knobs: RowKnobs) -> str:
     """The C++ source of the row kernel with these knobs."""
-    schedule = f"schedule(static, {knobs.chunk})" if knobs.chunk else "schedule(static)"
+    schedule = f" schedule(static, {knobs.chunk})" if knobs.chunk else " schedule(static)"
     rows = "\n".join(f"    {line}" for line in low.row_stores)
     pass2 = _loop(low, low.y_lines, "#pragma omp simd" if knobs.simd else "") if low.y_lines else ""
     return (f"{PRELUDE}\n// forge recipe: row reduction ({low.op}), {low.rows} rows of {low.outer} x {low.inner}, "
@@ -292,7 +293,7 @@ def emit_cpu(low: RowLowered, knobs: RowKnobs) -> str:
             f"extern \"C\" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {{\n"
             f"  if (n_in != {low.n_in} || n_out != {low.n_out}) return 1;\n"
             f"  if ({low.guard}) return 2;\n{low.pointers}{index_type(low.rows * low.length)}"
-            f"  #pragma omp parallel for {schedule}\n"
+            f"  {parallel_for(low.rows * low.length, schedule)}\n"
             f"  for (idx_t r = 0; r < {low.rows}; ++r) {{\n"
             f"    const idx_t base = r * {low.length}; (void)base;\n"
             f"{_stats_code(low, knobs, lit(low.eps))}{pass2}{rows}\n  }}\n  return 0;\n}}\n")

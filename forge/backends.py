@@ -29,6 +29,8 @@ class Backend:
     comment: str  # line comment
     example: str  # the short example kernel of the ABI the prompts show (a file in prompts/examples/)
     modules: tuple[str, ...] = ()  # a Python backend's module may import these, and nothing else
+    fast_math: tuple[str, ...] = ()  # compiler flags of a kernel built with fast math (the recipes' knob)
+    exact_math: tuple[str, ...] = ()  # and without it
 
     @property
     def source_suffix(self) -> str:
@@ -38,9 +40,11 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("cpu", "cpu", True, "g++", ".cpp", (".c", ".cc", ".cpp"), "forge_launch", "kernel.so", "cpp",
-            ("c", "cpp", "c++", "cc", "cxx", "h", "hpp"), "cpp", "//", "cpu.cpp"),
+            ("c", "cpp", "c++", "cc", "cxx", "h", "hpp"), "cpp", "//", "cpu.cpp",
+            fast_math=("-ffast-math",), exact_math=("-fno-math-errno",)),  # errno blocks vector sqrt/log
     Backend("cuda", "cuda", True, "nvcc", ".cu", (".cu",), "forge_launch", "kernel.so", "cuda",
-            ("cu", "cuda", "c++", "cpp", "c"), "cuda", "//", "cuda.cu"),
+            ("cu", "cuda", "c++", "cpp", "c"), "cuda", "//", "cuda.cu",
+            fast_math=("--use_fast_math",)),
     Backend("triton", "cuda", False, "", ".py", (".py",), "launch", "kernel.py", "python", ("python", "py"),
             "python", "#", "triton.py", ("triton", "triton.language", "math")),
 )}

@@ -79,9 +79,8 @@ def flags(backend: str, knobs: dict[str, Any]) -> tuple[str, ...]:
     -fno-math-errno; nvcc's --use_fast_math); none for a kernel without that knob (an LLM's)."""
     if "fast_math" not in knobs:
         return ()
-    if backend == "cpu":
-        return ("-ffast-math",) if knobs["fast_math"] else ("-fno-math-errno",)
-    return ("--use_fast_math",) if knobs["fast_math"] and backend == "cuda" else ()
+    b = BACKENDS[backend]
+    return b.fast_math if knobs["fast_math"] else b.exact_math
 
 
 def _meta(short: str, shape: str, stride: str | None) -> TensorMeta:

@@ -49,4 +49,4 @@ def candidate(spec: TaskSpec, knobs: CudaKnobs | CudaRowKnobs, low: Any = None) 
             except NotMine as e:  # not one it takes (an input read across channels, say): the row schedule
                 log.debug("no NHWC schedule for %s: %s", spec.key, e)
         src = src or row_source(spec, knobs, low)
-    return Candidate(CUDA.name, src, flags=("--use_fast_math",) if knobs.fast_math else ())
+    return Candidate(CUDA.name, src, flags=CUDA.fast_math if knobs.fast_math else CUDA.exact_math)

@@ -232,5 +232,5 @@ def emit_cpu(low: Lowered, knobs: Knobs) -> str:
 
 def candidate(low: Lowered, knobs: Knobs) -> Candidate:
     """A cpu Candidate for these knobs (fast math is a compiler flag)."""
-    flags = ("-ffast-math",) if knobs.fast_math else ("-fno-math-errno",)  # errno blocks vector sqrt/log
+    flags = CPU.fast_math if knobs.fast_math else CPU.exact_math
     return Candidate(CPU.name, emit_cpu(low, knobs), flags=flags)

@@ -301,5 +301,5 @@ def emit_cpu(low: RowLowered, knobs: RowKnobs) -> str:
 
 def candidate(low: RowLowered, knobs: RowKnobs) -> Candidate:
     """A cpu Candidate for these knobs."""
-    flags = ("-ffast-math",) if knobs.fast_math else ("-fno-math-errno",)
+    flags = CPU.fast_math if knobs.fast_math else CPU.exact_math
     return Candidate(CPU.name, emit_cpu(low, knobs), flags=flags)

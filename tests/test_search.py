@@ -132,6 +132,31 @@ def test_a_policy_error_is_that_tasks_failure_and_the_run_goes_on(tmp_path):
     assert all(stored[k].stop_reason.startswith("policy error") for k in keys[:3])
 
 
+class WrongWhenTimedAgain(Synthetic):
+    """Right in the search's short timing, wrong in the calls judged when its fastest are timed again (a race that
+    shows only sometimes, or a kernel that behaves otherwise under timing); `timeout`: those re-timings hang."""
+
+    def __init__(self, tasks: dict[str, tuple[float, float, float]], status: Status) -> None:
+        super().__init__(tasks)
+        self.status = status
+
+    def retime(self, spec: TaskSpec, cand: Candidate, bench: object) -> EvalResult:
+        return EvalResult(self.status, "timed: call 3 of 5 kept, output 0: error 0.5 > tolerance 1e-05")
+
+
+@pytest.mark.parametrize("status,verdict", [(Status.WRONG_RESULT, "no gain"), (Status.TIMEOUT, "improved")])
+def test_a_candidate_found_wrong_when_timed_again_never_wins(tmp_path, status, verdict):
+    syn = WrongWhenTimedAgain({"t": (100.0, 10.0, 1.0)}, status)
+    store = Store(tmp_path / "f.db")
+    run = store.create_run("synthetic", device="cpu", policy="synthetic")
+    budget = Budget(candidates=6, per_task=6, min_per_task=3, parallel=3, patience=100, min_share=0.01)
+    (out,) = search([task("t", 1.0)], syn, syn, StoreRecorder(store, run.id), budget)
+    assert out.status == verdict and (out.best is None) == (status is Status.WRONG_RESULT)
+    (rec,) = store.get_tasks(run.id)
+    retimed = [e for c in store.candidates(rec.id) for e in store.evaluations(c.id)[1:]]
+    assert all(e.status == status.value for e in retimed) and len(retimed) == (3 if verdict == "no gain" else 0)
+
+
 class Quits(Synthetic):
     """A policy whose run-wide hooks raise: `stop_reason` after its first calls, `payload_of` always."""
 

@@ -5,6 +5,7 @@ each task has a fixed eager time and roofline floor, and its k-th candidate take
 The store is a real SQLite file, and the winners are really built (one trivial C kernel, cached).
 """
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -256,3 +257,28 @@ def test_the_progress_hears_the_stages_every_batch_and_each_tasks_stop_in_order(
         assert ev.index(done) > max(i for i, e in enumerate(ev) if e[:2] == ("task", key))
     assert ("done", "fast", 2, 2.0, "reached the roofline floor") in probe
     assert not any("tiny" in e for e in ev)  # not searched: no events
+
+
+class Interrupted(Synthetic):
+    """Two tasks probed at once (four workers, batches of two): task "a" is interrupted (Ctrl-C) during its first
+    batch, while task "b"'s first batch is in flight (it takes longer)."""
+
+    parallel = 4
+
+    def evaluate_many(self, spec: TaskSpec, cands: list[Candidate], seed: int = 0) -> Iterator[EvalResult]:
+        time.sleep(0.2 if spec.key == "a" else 1.0)
+        if spec.key == "a":
+            raise KeyboardInterrupt
+        return super().evaluate_many(spec, cands, seed)
+
+
+def test_ctrl_c_in_one_probed_task_stops_the_others_after_their_batch(tmp_path):
+    syn = Interrupted({"a": (100.0, 10.0, 0.01), "b": (100.0, 10.0, 0.01)})
+    store = Store(tmp_path / "f.db")
+    run = store.create_run("synthetic", device="cpu", policy="synthetic")
+    budget = Budget(candidates=24, per_task=12, min_per_task=6, parallel=2, patience=100, min_share=0.01)
+    with pytest.raises(KeyboardInterrupt):
+        search([task("a", 0.6), task("b", 0.4)], syn, syn, StoreRecorder(store, run.id), budget)
+    b = next(t for t in store.get_tasks(run.id) if t.key == "b")
+    evaluated = [c for c in store.candidates(b.id) if c.parent_id is not None]
+    assert len(evaluated) == 2  # its batch in flight finished and was stored; no other started (6 without the stop)

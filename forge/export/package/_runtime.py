@@ -69,9 +69,11 @@ def _native(path: Path, entry: str, cuda: bool) -> Callable[[list[torch.Tensor],
     def launch(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         keep: list[Any] = []
         args = [_forge_tensors(inputs, keep), len(inputs), _forge_tensors(outputs, keep), len(outputs)]
-        if cuda:
-            args.append(torch.cuda.current_stream(inputs[0].device).cuda_stream)
-        rc = fn(*args)
+        if cuda:  # launched on the inputs' device (the kernel launches on the current one) and its stream
+            with torch.cuda.device(inputs[0].device):
+                rc = fn(*args, torch.cuda.current_stream(inputs[0].device).cuda_stream)
+        else:
+            rc = fn(*args)
         if rc != 0:
             raise RuntimeError(f"{path.name}: {entry} returned {rc}")
 

@@ -98,6 +98,36 @@ def test_max_usd_is_never_passed_with_requests_in_flight(cls, provider, path, tm
 
 
 @pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
+def test_a_provider_reporting_more_than_max_tokens_is_charged_at_the_bound(cls, provider, path, tmp_path):
+    """A server that says it wrote 5000 tokens for max_tokens=1000 (it would cost $0.50 each at $100 per
+    million): charged 1000, so --max-usd 0.35 holds; the counts it reported are stored, the call marked."""
+    store = Store(tmp_path / "f.db")
+    run = store.create_run("m")
+    with FakeLLM(lambda p: [Step("x" * 400, tokens_out=5000, sleep_s=0.3)]) as server:
+        calls = CallLog(ProviderSpec(provider, "fake-coder"), chat_of(cls, provider, path, server),
+                        Price(100.0, 100.0), max_usd=0.35, max_tokens=1000)
+        calls.bind(store, run.id)
+        threads = [threading.Thread(target=ask_quietly, args=(calls, i)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    stored = store.llm_calls(run.id)
+    assert len(stored) == len(server.completions()) == 3
+    assert all(c.status == "overreported" and c.tokens_out == 5000 for c in stored)
+    assert all(c.usd == pytest.approx(Price(100.0, 100.0).cost(c.tokens_in, 1000)) for c in stored)
+    assert store.run_cost(run.id).usd <= 0.35 and calls.spent == pytest.approx(store.run_cost(run.id).usd)
+
+
+def ask_quietly(calls, i):
+    """One request of a thread; its LLMError (a request with no room in the budget) is what the test expects."""
+    try:
+        calls.ask(SYSTEM, [("user", Prompt(f"request {i}", f"request {i}"))])
+    except LLMError:
+        pass
+
+
+@pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
 def test_an_answer_without_usage_is_estimated_and_marked(cls, provider, path, tmp_path):
     store = Store(tmp_path / "f.db")
     run = store.create_run("m")

@@ -2,10 +2,10 @@
 
 The request hash covers the provider, the model, the system prompt and the conversation with measured
 numbers masked (forge.policy.llm.prompts). A request whose hash has an answer from the network in the store
-(`ok`, `estimated`, `truncated`) is answered from it at no cost (stored as `cached`, or `cached-cut` for a cut
-answer); with `replay` only the calls of that run may answer, and a request without one fails its node
-instead of reaching the network. The client (forge.policy.llm.providers.Chat) reserves, prices and bounds
-each request; the CallLog stores what came back, with a status that says what happened.
+(`ok`, `estimated`, `truncated`, `overreported`) is answered from it at no cost (stored as `cached`, or
+`cached-cut` for a cut answer); with `replay` only the calls of that run may answer, and a request without
+one fails its node instead of reaching the network. The client (forge.policy.llm.providers.Chat) reserves,
+prices and bounds each request; the CallLog stores what came back, with a status that says what happened.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Answer:
 
 __all__ = ["ANSWERED", "Answer", "BudgetSpent", "CallLog", "Message", "replay_answers", "request_hash"]
 
-FROM_NETWORK = ("ok", "estimated", "truncated")  # answers the cache may give again
+FROM_NETWORK = ("ok", "estimated", "truncated", "overreported")  # answers the cache may give again
 ANSWERED = (*FROM_NETWORK, "cached", "cached-cut", "replayed", "replayed-cut")  # answers a replay gives again
 _CUT = ("truncated", "cached-cut", "replayed-cut")
 
@@ -115,7 +115,8 @@ class CallLog:
             raise
         refused = reply.stop_reason in ("refusal", "content_filter")
         status = (reply.stop_reason if refused else "empty" if not reply.text.strip() else
-                  "truncated" if reply.truncated else "estimated" if reply.estimated else "ok")
+                  "truncated" if reply.truncated else "estimated" if reply.estimated else
+                  "overreported" if reply.overreported else "ok")
         return self._record(h, prompt, reply, reply.usd, status, task_id, time.perf_counter() - start)
 
     def _record(self, h: str, prompt: str, reply: Reply, usd: float, status: str, task_id: int | None,

@@ -98,6 +98,7 @@ class Reply:
     stop_reason: str  # "stop" | "length" (cut: max_tokens or forge's size cap) | "refusal" | "content_filter" | ...
     usd: float = 0.0
     estimated: bool = False  # the provider gave no usage: the tokens are estimated from the text
+    overreported: bool = False  # the provider reported more tokens than the request allows: charged at its bound
 
     @property
     def truncated(self) -> bool:
@@ -240,16 +241,27 @@ class Chat:
 
     def _bounded(self, reply: Reply, system: str, messages: list[dict[str, str]], max_tokens: int) -> Reply:
         """The reply priced, its usage estimated when the provider gave none (tokens < 0), cut at the size cap
-        or when it is longer than max_tokens (flagged as cut: stop_reason "length")."""
+        or where the provider says it stopped at max_tokens (flagged as cut: stop_reason "length").
+
+        Important: what is charged never passes what was reserved: input tokens at most one per prompt byte (+8),
+        output tokens at most max_tokens. A provider that reports more (a bug, or a server that ignores
+        max_tokens) is charged at those bounds and the reply is flagged `overreported`; the counts it reported
+        are kept."""
         estimated = reply.tokens_in < 0 or reply.tokens_out < 0
+        upper_in = upper_tokens(system) + sum(upper_tokens(m["content"]) for m in messages)
         tokens_in = reply.tokens_in if reply.tokens_in >= 0 else \
             estimate_tokens(system) + sum(estimate_tokens(m["content"]) for m in messages)
         tokens_out = reply.tokens_out if reply.tokens_out >= 0 else estimate_tokens(reply.text)
+        over = (reply.tokens_in > upper_in or reply.tokens_out > max_tokens) and not estimated
+        if over:
+            log.warning("%s reported %d+%d tokens for a request of at most %d+%d: charged at those bounds",
+                        self.spec.name, tokens_in, tokens_out, upper_in, max_tokens)
         text, stop = reply.text, reply.stop_reason
-        if stop in ("max_tokens", "length") or len(text) > answer_cap(max_tokens) or tokens_out > max_tokens:
+        if stop in ("max_tokens", "length") or len(text) > answer_cap(max_tokens):
             text, stop = text[:answer_cap(max_tokens)], "length"
         return replace(reply, text=text, tokens_in=tokens_in, tokens_out=tokens_out, stop_reason=stop,
-                       usd=self.price.cost(tokens_in, tokens_out), estimated=estimated)
+                       usd=self.price.cost(min(tokens_in, upper_in), min(tokens_out, max_tokens)),
+                       estimated=estimated, overreported=over)
 
     def check(self) -> None:
         """One cheap request (list models) so a rejected key or a wrong URL fails before any search."""

@@ -13,6 +13,7 @@ builds and workers, real `forge optimize` processes.
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ from forge.capture.model_input import load_file
 from forge.capture.profile import profile_model
 from forge.evaluate.evaluator import Evaluator
 from forge.kernel import Candidate, NoKernel, Status, TaskSpec
-from forge.policy.llm import LLMConfig, LLMPolicy
+from forge.policy.llm import LLMConfig, LLMPolicy, broker
 from forge.policy.llm.cache import CallLog
 from forge.policy.llm.limits import BudgetSpent, LLMError, answer_cap
 from forge.policy.llm.prices import Price
@@ -56,14 +57,19 @@ def spec():
     return TaskSpec.of(prof.tasks[0])
 
 
+@pytest.mark.parametrize("fault", ["hang", "drip", "drip-body"])
 @pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
-def test_a_request_ends_at_the_deadline(cls, provider, path):
-    with FakeLLM(lambda p: [Step(fault="hang")]) as server:
-        chat = chat_of(cls, provider, path, server)
+def test_a_request_ends_at_the_deadline(cls, provider, path, fault):
+    """A server that never answers, or sends a byte a second and never finishes (no read times out): the
+    request ends at the deadline all the same, counted at its worst case (it may have been billed)."""
+    with FakeLLM(lambda p: [Step(fault=fault)]) as server:
+        chat = chat_of(cls, provider, path, server, Price(1.0, 1.0))
         start = time.monotonic()
-        with pytest.raises(LLMError, match="Timeout|deadline") as e:
+        with pytest.raises(LLMError, match="Timeout|deadline|cut") as e:
             chat.complete("s", [{"role": "user", "content": "x"}], 100, deadline=start + 3.0)
-        assert time.monotonic() - start < 5.0 and e.value.status is Status.PROVIDER_ERROR
+        took = time.monotonic() - start
+        assert took < 4.5 and e.value.status is Status.PROVIDER_ERROR, took
+        assert e.value.usd > 0 and chat.ledger.spent == pytest.approx(e.value.usd) and chat.ledger.reserved == 0
 
 
 @pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
@@ -228,22 +234,124 @@ def test_no_process_forge_starts_holds_a_key(tmp_path):
             assert secret.encode() not in f.read_bytes(), f
 
 
+# the two wire formats through the key holder: the key in forge's environment, the server requiring it
+KEYED = {"openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "/v1", "openai:gpt-4o-mini"),
+         "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "", "anthropic:claude-test-model")}
+
+
+def keyed(wire, server, secret):
+    """(--policy, environment) of a run through the key holder against `server` in `wire`'s format."""
+    key, url, path, policy = KEYED[wire]
+    return policy, {key: secret, url: server.url + path}
+
+
+def stall(prompt):
+    """A server that never answers some requests and sends others a byte a second, never finishing."""
+    if "different approach" in prompt:
+        return [Step(fault="drip")]
+    if "vectorised inner loops" in prompt:
+        return [Step(fault="drip-body")]
+    return [Step(fault="hang")]
+
+
 @pytest.mark.slow
-def test_a_hanging_server_ends_a_60_second_run_within_90(tmp_path):
+@pytest.mark.parametrize("wire", ["keyless", "openai", "anthropic"])
+def test_a_hanging_server_ends_a_60_second_run_within_90(wire, tmp_path):
+    """Keyless (the job's own process sends), and through the key holder in both formats: requests that hang
+    and requests that drip a byte a second all end by the deadline, and no thread keeps a process alive."""
     db = tmp_path / "forge.db"
-    with FakeLLM(lambda p: [Step(fault="hang")]) as server:
+    secret = "sk-forge-hang-" + secrets.token_hex(4)
+    with FakeLLM(stall, key="" if wire == "keyless" else secret) as server:
+        policy, env = (f"openai-compatible:{server.url}/v1:fake-coder", {}) if wire == "keyless" else \
+            keyed(wire, server, secret)
         start = time.monotonic()
-        r = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy",
-                   f"openai-compatible:{server.url}/v1:fake-coder", "--seconds", "60", "--no-inductor",
-                   "--db", str(db), "--out", str(tmp_path / "runs")], {"FORGE_CACHE": str(tmp_path / "cache")},
+        r = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy", policy, "--seconds", "60", "--no-inductor",
+                   "--db", str(db), "--out", str(tmp_path / "runs")], {**env, "FORGE_CACHE": str(tmp_path / "cache")},
                   timeout=200)
         took = time.monotonic() - start
+        prompts = [s.prompt for s in server.completions()]
+        assert all(s.status == 200 for s in server.completions())  # the key reached the server
     assert r.returncode == 0, r.stderr
     assert took < 90, took
+    sent = [f[0].fault for f in map(stall, prompts)]
+    assert {"hang", "drip", "drip-body"} <= set(sent), sent  # requests that hang and that drip were sent
     store = Store(db)
     (run,) = store.list_runs()
     failed = [c for t in store.get_tasks(run.id) for c in store.candidates(t.id) if c.parent_id is not None]
     assert failed and {c.status for c in failed} <= {"provider_error", "not_asked"}, {c.status for c in failed}
+    print(f"{wire}: the --seconds 60 run took {took:.1f} s")
+
+
+@pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
+def test_the_key_holder_ends_a_request_by_the_runs_deadline_whatever_the_child_asks(cls, provider, path):
+    """The child asks for 1000 s; the key holder's run ends in 3 s: the request (a server dripping a byte a
+    second) ends then, counted at its worst case."""
+    with FakeLLM(lambda p: [Step(fault="drip-body")]) as server:
+        chat = chat_of(cls, provider, path, server, Price(1.0, 1.0))
+        ours, theirs = socket.socketpair()
+        start = time.monotonic()
+        holder = threading.Thread(target=broker.serve, args=(ours, chat), kwargs={"deadline": start + 3.0})
+        holder.start()
+        ask = {"id": 1, "system": "s", "messages": [{"role": "user", "content": "x"}], "max_tokens": 100,
+               "seconds_left": 1000}
+        theirs.sendall(json.dumps(ask).encode() + b"\n")
+        answer = json.loads(theirs.makefile("rb").readline())
+        took = time.monotonic() - start
+        theirs.close()  # the child is done: the key holder stops serving
+        holder.join(5)
+    assert took < 4.5 and answer["status"] == "provider_error" and "cut" in answer["error"], (took, answer)
+    assert answer["spent"] > 0 and not holder.is_alive()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_max_usd_holds_through_the_key_holder_even_when_the_provider_overreports(wire, tmp_path):
+    """$100 per million tokens: a request's worst case (its prompt bytes and 8192 tokens out) is about $2, so
+    --max-usd 5 has room for two in flight; the server reports 50,000 tokens out for every answer ($5 each as
+    reported). The key holder charges each at most its reservation: never past $5, requests in flight
+    included, and the search stops on the budget."""
+    secret = "sk-forge-usd-" + secrets.token_hex(4)
+    db, prices, out = tmp_path / "forge.db", tmp_path / "prices.json", tmp_path / "report.json"
+    prices.write_text(json.dumps({"openai": {"gpt-4o-mini": {"in": 100.0, "out": 100.0}},
+                                  "anthropic": {"claude-test-model": {"in": 100.0, "out": 100.0}}}))
+    with FakeLLM(lambda p: [Step(f"```cpp\n{GOOD}```\n", tokens_out=50_000, sleep_s=1.0)], key=secret) as server:
+        policy, env = keyed(wire, server, secret)
+        r = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy", policy, "--max-usd", "5", "--prices",
+                   str(prices), "--budget", "12", "--seconds", "120", "--no-inductor", "--db", str(db), "--out",
+                   str(tmp_path / "runs"), "--json", str(out)], {**env, "FORGE_CACHE": str(tmp_path / "cache")})
+        answered = [s for s in server.completions() if s.status == 200]
+    assert r.returncode == 0, r.stderr
+    store = Store(db)
+    (run,) = store.list_runs()
+    calls = store.llm_calls(run.id)
+    cost = store.run_cost(run.id)
+    assert 0 < cost.usd <= 5.0 and json.loads(out.read_text())["cost"]["usd"] == pytest.approx(cost.usd)
+    assert len(calls) == len(answered) >= 2 and server.max_in_flight >= 2  # requests were in flight together
+    assert all(c.status == "overreported" and c.tokens_out == 50_000 for c in calls)
+    assert all(c.usd == pytest.approx(Price(100.0, 100.0).cost(c.tokens_in, 8192)) for c in calls)
+    assert any(t.stop_reason.startswith("LLM budget spent") for t in store.get_tasks(run.id))
+
+
+@pytest.mark.slow
+def test_a_kernel_loaded_after_the_search_cannot_reach_the_key_holder(tmp_path):
+    """The spend kernel is correct and, in the job's process (the end-to-end check), writes an LLM request of its
+    own to the descriptor of the channel to the key holder: closed when the search ended, it reaches nothing."""
+    secret = "sk-forge-spend-" + secrets.token_hex(4)
+    db, out, tried = tmp_path / "forge.db", tmp_path / "report.json", tmp_path / "spend.log"
+    spend = (Path(__file__).parent / "llm" / "spend.cpp").read_text()
+    with FakeLLM(lambda p: [Step(f"```cpp\n{spend}```\n")], key=secret) as server:
+        policy, env = keyed("openai", server, secret)
+        r = forge(["optimize", str(MODELS / "pointwise_chain.py"), "--policy", policy, "--budget", "4", "--seconds",
+                   "120", "--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs"), "--json", str(out)],
+                  {**env, "FORGE_CACHE": str(tmp_path / "cache"), "FORGE_SPEND_LOG": str(tried)})
+        prompts = [s.prompt for s in server.completions()]
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    ran = [m for m in report["variants"] if m["variant"]["kernels"] and not m["variant"]["rewrites"]]
+    assert ran and all(m["match"] for m in ran), ran  # the kernel ran in the job's process
+    assert tried.read_text().startswith("fd "), "the kernel never tried"  # it wrote its request there...
+    assert prompts and not any("SPENT-BY-A-KERNEL" in p for p in prompts)  # ...and it reached no server
+    assert len(Store(db).llm_calls(report["run_id"])) == len(prompts)
 
 
 def tree(store, run_id):

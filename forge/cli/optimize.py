@@ -152,19 +152,20 @@ def _run_isolated(args: argparse.Namespace) -> int:
     sends the child's requests: the process that loads kernels holds no secret."""
     from forge.policy.llm import broker, keyholder_chat
 
-    name = args.policy
+    name, seconds = args.policy, args.seconds
     if args.resume:
         from forge.job import resumable
         from forge.store import Store
 
-        name = resumable(Store(args.db), args.resume).policy
+        run = resumable(Store(args.db), args.resume)
+        name, seconds = run.policy, run.config["budget"].get("seconds", seconds)
     from forge.job import RECIPE_POLICIES
 
     llm = name not in (*RECIPE_POLICIES, "") and not args.replay
     if name in RECIPE_POLICIES and not args.replay and (args.max_usd is not None or args.prices):
         raise UserError("--max-usd, --replay and --prices apply to LLM policies (e.g. --policy openai:MODEL)")
     chat = keyholder_chat(name, max_usd=args.max_usd, prices=args.prices) if llm else None
-    return broker.run_isolated(args.argv, chat)
+    return broker.run_isolated(args.argv, chat, seconds)  # no request outlasts the run's --seconds
 
 
 def resume_command(args: argparse.Namespace, run_id: str) -> str:

@@ -87,6 +87,11 @@ class CallLog:
         """Why no more requests may be made, or None."""
         return self.chat.stop_reason(self.max_tokens) if self.chat is not None else None
 
+    def close(self) -> None:
+        """No more requests (the search is over): the client refuses any later one."""
+        if self.chat is not None:
+            self.chat.close()
+
     def ask(self, system: Prompt, messages: list[Message], task_id: int | None = None) -> Answer:
         """The answer to a request; raises LLMError (BudgetSpent, replay miss, provider failure)."""
         h = request_hash(self.spec, system, messages, self.max_tokens)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from forge.errors import UserError
+from forge.policy.llm.deadline import Watchdog
 from forge.policy.llm.limits import (
     CHECK_TIMEOUT_S,
     MIN_REQUEST_S,
@@ -168,6 +169,8 @@ class Chat:
         self.price = price or Price(0.0, 0.0)
         self.ledger = Ledger(max_usd)
         self.least_worst = 0.0  # the smallest worst case of a request so far (what the next one needs at least)
+        self.watch = Watchdog()  # each request ends by its deadline, however slowly the server sends
+        self.closed = False
         self._client = self._make_client(api_key)  # the key lives in the client only
 
     def _make_client(self, api_key: str) -> Any:
@@ -190,20 +193,26 @@ class Chat:
         Each request waits at most until `deadline` (time.monotonic()), and its worst-case cost is reserved in
         the ledger before it is sent (BudgetSpent when there is no room); a timed-out request counts at its
         worst case (the provider may have billed it)."""
+        if self.closed:
+            raise NotSent("the search is over: no more LLM requests")
         last, lost = "", 0.0
         worst = self.price.cost(upper_tokens(system) + sum(upper_tokens(m["content"]) for m in messages), max_tokens)
         self.least_worst = min(self.least_worst, worst) if self.least_worst else worst
         for attempt in range(self.retry.attempts):
             timeout = self._timeout(deadline, attempt, last)
             self.ledger.reserve(worst)
+            guard = None
             try:
-                reply = self._bounded(self._send(system, messages, max_tokens, timeout), system, messages, max_tokens)
+                with self.watch.until(time.monotonic() + timeout) as guard:  # the whole request, not each read
+                    sent = self._send(system, messages, max_tokens, timeout)
+                reply = self._bounded(sent, system, messages, max_tokens)
             except Exception as e:  # noqa: BLE001 - every SDK fault is classified below
-                timed_out = "Timeout" in type(e).__name__
+                cut = guard is not None and guard.fired  # the watchdog shut the connection at the deadline
+                timed_out = cut or "Timeout" in type(e).__name__
                 self.ledger.settle(worst, worst if timed_out else 0.0)
                 lost += worst if timed_out else 0.0
-                kind, asked = _classify(e)
-                last = _describe(e)
+                kind, asked = ("retry", None) if cut else _classify(e)
+                last = f"no answer within {timeout:.1f} s (the connection was cut)" if cut else _describe(e)
                 if kind == "auth":
                     raise _failed(f"{self.spec.provider} rejected the API key ({last.split(':')[0]})", lost) from e
                 if kind == "fatal" or attempt + 1 == self.retry.attempts:
@@ -265,15 +274,26 @@ class Chat:
 
     def check(self) -> None:
         """One cheap request (list models) so a rejected key or a wrong URL fails before any search."""
+        timeout = min(self.retry.timeout_s, CHECK_TIMEOUT_S)
         try:
-            self._list_models(min(self.retry.timeout_s, CHECK_TIMEOUT_S))
+            with self.watch.until(time.monotonic() + timeout) as guard:
+                self._list_models(timeout)
         except Exception as e:  # noqa: BLE001
+            if guard.fired:
+                raise UserError(f"cannot reach {self.spec.provider} at {self.spec.base_url or 'its API'}: no "
+                                f"answer within {timeout:.0f} s") from None
             kind, _ = _classify(e)
             where = self.spec.base_url or "its API"
             if kind == "auth":
                 raise UserError(f"{self.spec.provider} rejected the API key in {self.spec.key_env} "
                                 f"({_describe(e).split(':')[0]}): check the key") from None
             raise UserError(f"cannot reach {self.spec.provider} at {where}: {_describe(e)}") from None
+
+
+    def close(self) -> None:
+        """No more requests: any later one is refused unsent (NotSent). Requests still going end at their
+        deadline; the client is left open under them (each request's connection is its own, closed after it)."""
+        self.closed = True
 
 
 def _failed(message: str, usd: float) -> LLMError:
@@ -289,7 +309,8 @@ class OpenAIChat(Chat):
         import openai
 
         return openai.OpenAI(api_key=api_key, base_url=self.spec.base_url, max_retries=0,
-                             timeout=self.retry.timeout_s)
+                             timeout=self.retry.timeout_s,
+                             http_client=openai.DefaultHttpxClient(event_hooks=self.watch.hooks))
 
     def _send(self, system: str, messages: list[dict[str, str]], max_tokens: int, timeout: float) -> Reply:
         # OpenAI's reasoning models take max_completion_tokens only; local servers know max_tokens best
@@ -317,7 +338,8 @@ class AnthropicChat(Chat):
         import anthropic
 
         return anthropic.Anthropic(api_key=api_key, base_url=self.spec.base_url, max_retries=0,
-                                   timeout=self.retry.timeout_s)
+                                   timeout=self.retry.timeout_s,
+                                   http_client=anthropic.DefaultHttpxClient(event_hooks=self.watch.hooks))
 
     def _send(self, system: str, messages: list[dict[str, str]], max_tokens: int, timeout: float) -> Reply:
         resp = self._client.messages.create(model=self.spec.model, system=system, messages=messages,

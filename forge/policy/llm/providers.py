@@ -207,12 +207,14 @@ class Chat:
                     sent = self._send(system, messages, max_tokens, timeout)
                 reply = self._bounded(sent, system, messages, max_tokens)
             except Exception as e:  # noqa: BLE001 - every SDK fault is classified below
-                cut = guard is not None and guard.fired  # the watchdog shut the connection at the deadline
-                timed_out = cut or "Timeout" in type(e).__name__
-                self.ledger.settle(worst, worst if timed_out else 0.0)
-                lost += worst if timed_out else 0.0
+                timed_out = "Timeout" in type(e).__name__
+                # the watchdog shut the connection at the deadline (a server still sending, slowly)
+                cut = guard is not None and guard.fired and not timed_out
+                self.ledger.settle(worst, worst if timed_out or cut else 0.0)
+                lost += worst if timed_out or cut else 0.0
                 kind, asked = ("retry", None) if cut else _classify(e)
-                last = f"no answer within {timeout:.1f} s (the connection was cut)" if cut else _describe(e)
+                last = f"Timeout: the request outlasted {timeout:.1f} s (its connection was cut)" if cut else \
+                    _describe(e)
                 if kind == "auth":
                     raise _failed(f"{self.spec.provider} rejected the API key ({last.split(':')[0]})", lost) from e
                 if kind == "fatal" or attempt + 1 == self.retry.attempts:

@@ -21,7 +21,8 @@ class Step:
     """One scripted response: an answer, or a fault."""
 
     text: str = ""
-    # "" | "429" | "500" | "timeout" | "malformed" | "refusal" | "401" | "hang" (never answers) |
+    # "" | "429" | "500" | "400" (a request the server rejects: not retried) | "timeout" | "malformed" |
+    # "refusal" | "hang" (never answers) |
     # "no-usage" (an answer without usage) | "length" (the provider says it stopped at max_tokens) |
     # "drip" (one byte a second from the status line on, never finishing) | "drip-body" (the headers at once,
     # then one byte of the body a second, never finishing: no read ever waits long enough to time out)
@@ -162,6 +163,10 @@ class FakeLLM:
                 headers = {"retry-after": step.retry_after} if step.retry_after is not None else {}
                 return h._json(429, {"type": "error", "error": {"type": "rate_limit_error",
                                                                 "message": "slow down"}}, headers)
+            if step.fault == "400":
+                seen.status = 400
+                return h._json(400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                                "message": "this request is not accepted"}})
             if step.fault == "500":
                 seen.status = 500
                 return h._json(500, {"type": "error", "error": {"type": "api_error", "message": "boom"}})

@@ -361,33 +361,58 @@ def tree(store, run_id):
 
 
 def bank(prompt):
+    """A fixed bank: the good kernel, a refusal, a request the server rejects (an error), a wrong kernel;
+    repairs and optimizations get the good kernel."""
     if "Make it faster" in prompt or "by the compiler" in prompt or "wrong_result" in prompt:
         return [Step(f"Fixed.\n\n```cpp\n{GOOD}```\n")]
     if "different approach" in prompt:
-        return [Step(f"```cpp\n{GOOD.replace('4096', '2048')}```\n")]
+        return [Step("I can't help with that.", fault="refusal")]
+    if "vectorised inner loops" in prompt:
+        return [Step(fault="400")]
     if "cache blocking" in prompt:
         return [Step(f"```cpp\n{GOOD.replace('sinf(x[i])', 'sinf(x[i] + 1)')}```\n")]  # wrong
     return [Step(f"```cpp\n{GOOD}```\n")]
 
 
 @pytest.mark.slow
-def test_replay_from_the_run_id_alone_offline_without_a_key(tmp_path):
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_replay_from_the_run_id_alone_offline_without_a_key(wire, tmp_path):
+    """A run through the key holder, then `forge optimize --replay RUN` and nothing else (no model, budget or
+    seconds, no key, the server gone): the same tree, sources and statuses, the refusal refused again and
+    the error an error again."""
     db = tmp_path / "forge.db"
     # 4 candidates: the root's first attempts, whatever the timings (deeper, the tree follows measured times)
-    common = ["--budget", "4", "--seconds", "120", "--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs")]
+    common = ["--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs")]
     env = {"FORGE_CACHE": str(tmp_path / "cache")}
-    with FakeLLM(bank, key="local-key") as server:
-        first = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy",
-                       f"openai-compatible:{server.url}/v1:fake-coder", *common],
-                      {**env, "OPENAI_COMPATIBLE_API_KEY": "local-key"})
+    with FakeLLM(bank, key="sk-forge-replay") as server:
+        policy, keys = keyed(wire, server, "sk-forge-replay")
+        first = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy", policy, "--budget", "4",
+                       "--seconds", "120", *common], {**env, **keys})
     assert first.returncode == 0, first.stderr
     store = Store(db)
     (run,) = store.list_runs()
-    assert run.policy == f"openai-compatible:{server.url}/v1:fake-coder"
-    again = forge(["optimize", str(MODELS / "sincos_erf.py"), "--replay", run.id, *common], env)  # server stopped
+    assert run.policy == policy
+    again = forge(["optimize", "--replay", run.id, *common], env)  # server stopped, no key
     assert again.returncode == 0, again.stderr
     replayed = next(r for r in store.list_runs() if r.id != run.id)
-    assert replayed.policy == run.policy
+    assert replayed.policy == run.policy and replayed.model == run.model and replayed.config["budget"] == \
+        run.config["budget"]
     assert tree(store, replayed.id) == tree(store, run.id) and tree(store, run.id)
-    assert {c.status for c in store.llm_calls(replayed.id)} == {"replayed"}
+    assert {"ok", "refused", "provider_error", "wrong_result"} <= {status for _, _, status in tree(store, run.id)}
+    as_replayed = {"ok": "replayed", "refusal": "replayed-refusal", "error": "replayed-error"}
+    assert sorted(as_replayed[c.status] for c in store.llm_calls(run.id)) == \
+        sorted(c.status for c in store.llm_calls(replayed.id))
     assert store.run_cost(replayed.id).usd == 0
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--replay", "r-nope"], "no run 'r-nope' to replay"),
+    (["--replay", "RECIPES"], "it made no LLM calls to replay"),
+    (["--replay", "EVAL"], "only optimize runs replay"),
+])
+def test_a_run_that_cannot_be_replayed_is_one_line(args, says, tmp_path):
+    store = Store(tmp_path / "forge.db")
+    runs = {"RECIPES": store.create_run("m.py", device="cpu", policy="recipes", config={"budget": {}}).id,
+            "EVAL": store.create_run("m.py", device="cpu", policy="openai:gpt-4o-mini").id}
+    r = forge(["optimize", *[runs.get(a, a) for a in args], "--db", str(tmp_path / "forge.db")], {}, timeout=120)
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -37,6 +37,7 @@ from forge.policy.llm.prompts import (
     render_prompt,
     system_prompt,
     task_context,
+    throughput,
 )
 from forge.policy.llm.tune import variants
 
@@ -313,7 +314,7 @@ class LLMPolicy(Policy):
         if stats.best and stats.best_us and stats.best.source.strip() != code:
             best += f":\n\n```{LANG[self.backend]}\n{stats.best.source.strip()}\n```"
         return render_prompt("optimize", **common, code=code, best=best, report=compiler_report(res.build_log),
-                      time_us=measured(f"{t:.2f}" if t else "?"),
+                      traffic=throughput(spec.floor_bytes, floor, t), time_us=measured(f"{t:.2f}" if t else "?"),
                       percent=measured(f"{100 * floor / t:.0f}" if floor and t else "?"),
                       variation=_OPT_HINTS[variant % len(_OPT_HINTS)])
 

@@ -52,6 +52,7 @@ class FakeLLM:
 
     respond: Callable[[str], list[Step]]
     key: str = ""  # when set, requests must carry it (Authorization: Bearer or x-api-key), else 401
+    list_fault: str = ""  # "drip": the model listing (GET /v1/models) comes a byte a second, never finishing
     seen: list[Seen] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -69,6 +70,8 @@ class FakeLLM:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802
+                if fake.list_fault == "drip":
+                    return fake._drip(self, True)
                 if not fake._authorized(self.headers):
                     return self._json(401, {"error": {"type": "authentication_error", "message": "invalid key"}})
                 self._json(200, {"object": "list", "data": [{"id": "fake-coder", "object": "model", "created": 0,

@@ -27,6 +27,7 @@ from llm_server import FakeLLM, Step
 from forge.bench import BenchConfig
 from forge.capture.model_input import load_file
 from forge.capture.profile import profile_model
+from forge.errors import UserError
 from forge.evaluate.evaluator import Evaluator
 from forge.kernel import Candidate, NoKernel, Status, TaskSpec
 from forge.policy.llm import LLMConfig, LLMPolicy, broker
@@ -70,6 +71,16 @@ def test_a_request_ends_at_the_deadline(cls, provider, path, fault):
         took = time.monotonic() - start
         assert took < 4.5 and e.value.status is Status.PROVIDER_ERROR, took
         assert e.value.usd > 0 and chat.ledger.spent == pytest.approx(e.value.usd) and chat.ledger.reserved == 0
+
+
+@pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
+def test_the_check_before_a_run_ends_on_a_server_that_lists_models_a_byte_a_second(cls, provider, path):
+    with FakeLLM(lambda p: [Step("x")], list_fault="drip") as server:
+        chat = cls(ProviderSpec(provider, "fake-coder", server.url + path), "k", RetryConfig(timeout_s=2.0))
+        start = time.monotonic()
+        with pytest.raises(UserError, match="no answer within 2 s"):
+            chat.check()
+        assert time.monotonic() - start < 3.5
 
 
 @pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)

@@ -277,11 +277,12 @@ class Chat:
     def check(self) -> None:
         """One cheap request (list models) so a rejected key or a wrong URL fails before any search."""
         timeout = min(self.retry.timeout_s, CHECK_TIMEOUT_S)
+        guard = None
         try:
-            with self.watch.until(time.monotonic() + timeout) as guard:
+            with self.watch.until(time.monotonic() + timeout) as guard:  # a server listing them a byte a second too
                 self._list_models(timeout)
         except Exception as e:  # noqa: BLE001
-            if guard.fired:
+            if guard is not None and guard.fired:
                 raise UserError(f"cannot reach {self.spec.provider} at {self.spec.base_url or 'its API'}: no "
                                 f"answer within {timeout:.0f} s") from None
             kind, _ = _classify(e)
@@ -290,7 +291,6 @@ class Chat:
                 raise UserError(f"{self.spec.provider} rejected the API key in {self.spec.key_env} "
                                 f"({_describe(e).split(':')[0]}): check the key") from None
             raise UserError(f"cannot reach {self.spec.provider} at {where}: {_describe(e)}") from None
-
 
     def close(self) -> None:
         """No more requests: any later one is refused unsent (NotSent). Requests still going end at their

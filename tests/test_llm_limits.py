@@ -221,15 +221,17 @@ def test_the_snoop_kernel_finds_a_key_it_can_see(spec, tmp_path):
 
 
 @pytest.mark.slow
-def test_no_process_forge_starts_holds_a_key(tmp_path):
-    """A real run: the keys in forge's environment, the server requiring one, the snoop kernel the answer: it
-    passes in the workers and matches eager in the end-to-end check (in the optimize process): it saw no key."""
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_no_process_forge_starts_holds_a_key(wire, tmp_path):
+    """A real run in each wire format: the keys in forge's environment, the server requiring one, the snoop kernel
+    the answer: it passes in the workers and matches eager in the end-to-end check (in the optimize process):
+    it saw no key."""
     secret = "sk-forge-leaktest-" + secrets.token_hex(8)
     db, out = tmp_path / "forge.db", tmp_path / "report.json"
     with FakeLLM(snoop_answer, key=secret) as server:
-        env = {"OPENAI_API_KEY": secret, "ANTHROPIC_API_KEY": secret, "GITHUB_TOKEN": secret,
-               "OPENAI_BASE_URL": server.url + "/v1"}
-        r = forge(["optimize", str(MODELS / "pointwise_chain.py"), "--policy", "openai:gpt-4o-mini", "--budget", "4",
+        policy, env = keyed(wire, server, secret)
+        env = {"OPENAI_API_KEY": secret, "ANTHROPIC_API_KEY": secret, "GITHUB_TOKEN": secret, **env}
+        r = forge(["optimize", str(MODELS / "pointwise_chain.py"), "--policy", policy, "--budget", "4",
                    "--seconds", "120", "--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs"),
                    "--json", str(out)], {**env, "FORGE_CACHE": str(tmp_path / "cache")})
         assert server.completions() and all(s.status == 200 for s in server.completions())  # the key was sent

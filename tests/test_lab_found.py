@@ -7,7 +7,6 @@ import dataclasses
 
 import pytest
 import torch
-from fastapi.testclient import TestClient
 
 from forge.capture.export import capture
 from forge.lab.catalogue import TITLES, entry
@@ -15,10 +14,18 @@ from forge.lab.found import Found, found_kernels, make_inputs, task_spec
 from forge.lab.inputs import make
 from forge.lab.lower import lower
 from forge.lab.service import Lab, default_settings
-from forge.lab.web import create_app
 from forge.tasks.cut import build_tasks, compile_source
 
 UI = "http://127.0.0.1:9999"
+
+
+def _client(lab: Lab, found: list[Found]):  # noqa: ANN202 (fastapi's TestClient: an optional extra)
+    """The lab's web app under fastapi's test client; skips where fastapi (the `dev` extra) is absent (the device
+    machine's image)."""
+    testclient = pytest.importorskip("fastapi.testclient", reason="forge lab needs fastapi ('.[dev]')")
+    from forge.lab.web import create_app
+
+    return testclient.TestClient(create_app(lab, found))
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +96,7 @@ def test_a_found_kernel_runs_live_in_the_worker(found, lab):
 
 
 def test_each_found_kernel_has_a_page_in_its_family_that_runs_it(found, lab):
-    client = TestClient(create_app(lab, found))
+    client = _client(lab, found)
     index = client.get("/").text
     for k in found:
         section = index.split(f'data-family="{k.family}"', 1)[1].split("</section>", 1)[0]
@@ -112,7 +119,7 @@ def test_each_found_kernel_has_a_page_in_its_family_that_runs_it(found, lab):
 
 def test_a_kernel_for_another_device_has_a_page_but_does_not_run(found, lab):
     gpu: Found = dataclasses.replace(found[0], backend="cuda", task_id=10**6)
-    client = TestClient(create_app(lab, [gpu]))
+    client = _client(lab, [gpu])
     page = client.get(f"/found/{gpu.slug}")
     assert page.status_code == 200 and "cannot run here" in page.text and "run-form" not in page.text
     r = client.post(f"/api/found/{gpu.slug}", json={})

@@ -59,6 +59,11 @@ BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_con
 # CPU-only kinds: what the text checks stop (class C of issue 13: reaching into the worker's process), and
 # an input used as scratch and restored (class E: inputs are read-only during a CPU verification call).
 CPU_KINDS = {"reads_proc_maps": "forbidden_io", "restores_input": "input_mutated"}
+# CUDA kernels whose source passes the text checks and whose host object does not (forge.evaluate.elfcheck:
+# the CUDA runtime calls a launcher may make are an allowlist).
+CUDA_BINARY_KINDS = {"pasted_malloc": "forbidden_alloc", "pasted_stream": "forbidden_concurrency",
+                     "resets_device": "forbidden_code", "pasted_system": "forbidden_io",
+                     "macro_constructor": "forbidden_code"}
 # CPU kernels that pass the text checks and the built library's: only the worker's seccomp filter stops them.
 RUNTIME_KINDS = {"libc_walk": "forbidden_io", "signals_harness": "forbidden_io"}
 TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",
@@ -119,7 +124,8 @@ def spec() -> TaskSpec:
 
 
 @pytest.mark.parametrize(("folder", "suffix", "kinds"), [
-    ("cpu", ".cpp", C_KINDS | BINARY_KINDS | RUNTIME_KINDS | CPU_KINDS), ("cuda", ".cu", C_KINDS),
+    ("cpu", ".cpp", C_KINDS | BINARY_KINDS | RUNTIME_KINDS | CPU_KINDS),
+    ("cuda", ".cu", C_KINDS | CUDA_BINARY_KINDS),
     ("triton", ".py", TRITON_KINDS), ("cpu_int", ".cpp", INT_KINDS)])
 def test_corpus_is_complete(folder: str, suffix: str, kinds: dict[str, str]) -> None:
     files = sorted((CORPUS / folder).iterdir())
@@ -143,7 +149,8 @@ def test_corpus_static_checks(path: Path) -> None:
     """Static kinds are rejected by forge.evaluate.checks with their status first; no other file has any finding."""
     findings = check(Candidate.from_file(path))
     want = expected(path)
-    if path.stem in BINARY_KINDS or path.stem in RUNTIME_KINDS:
+    binary = CUDA_BINARY_KINDS if path.suffix == ".cu" else BINARY_KINDS
+    if path.stem in binary or path.stem in RUNTIME_KINDS:
         assert findings == [], f"{path.name} is meant to pass the text checks: {findings}"
     elif want in STATIC:
         assert findings, f"{path.name}: the static checks found nothing"
@@ -239,6 +246,22 @@ def test_cuda_corpus_builds(path: Path, cuda_builds: dict[str, BuildResult]) -> 
     else:
         assert built.ok, built.log[-2000:]
         assert Path(built.path).stat().st_size > 0
+
+
+@pytest.mark.parametrize("path", params([p for p in CUDA_FILES if p.stem not in NOT_BUILT
+                                         and expected(p) != Status.BUILD_ERROR.value]))
+def test_cuda_host_object_check(path: Path, cuda_builds: dict[str, BuildResult]) -> None:
+    """The check of a CUDA build's host object rejects each binary kind with its status and passes every
+    kernel the text checks pass (its CUDA runtime allowlist covers what a launcher needs)."""
+    from forge.evaluate.elfcheck import check_library
+
+    found = check_library(cuda_builds[path.stem].path, "cuda")
+    if path.stem in CUDA_BINARY_KINDS:
+        assert found and found[0][0].value == expected(path), found
+    elif expected(path) in STATIC:  # rejected before building; the host object agrees where it can see it
+        assert all(status.value == expected(path) for status, _ in found), found
+    else:
+        assert found == [], found
 
 
 @pytest.fixture(scope="module")

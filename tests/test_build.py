@@ -38,6 +38,17 @@ def test_a_cached_build_that_changed_or_lost_its_hash_is_built_again(tmp_path):
     assert build(cand, cache_dir=tmp_path).cached
 
 
+def test_a_cached_build_is_not_writable_by_other_users(tmp_path):
+    """A worker that gave up root (forge.evaluate.privilege) cannot change a build another cache hit trusts."""
+    from pathlib import Path
+
+    lib = Path(build(Candidate("cpu", GOOD), cache_dir=tmp_path).path)
+    for f in (lib, lib.parent / "kernel.sha256", lib.parent / "build.log"):
+        assert f.stat().st_mode & 0o777 == 0o644, f
+    for d in (lib.parent, lib.parent.parent):
+        assert d.stat().st_mode & 0o777 == 0o755, d
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_a_cuda_build_keeps_its_host_object_hashed(tmp_path):
     """The host object forge.evaluate.elfcheck reads is kept with its own hash: one changed since is built again."""

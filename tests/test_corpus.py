@@ -65,7 +65,11 @@ CUDA_BINARY_KINDS = {"pasted_malloc": "forbidden_alloc", "pasted_stream": "forbi
                      "resets_device": "forbidden_code", "pasted_system": "forbidden_io",
                      "macro_constructor": "forbidden_code"}
 # CPU kernels that pass the text checks and the built library's: only the worker's seccomp filter stops them.
-RUNTIME_KINDS = {"libc_walk": "forbidden_io", "signals_harness": "forbidden_io"}
+RUNTIME_KINDS = {"libc_walk": "forbidden_io", "signals_harness": "forbidden_io", "forks_at_run_time": "forbidden_io",
+                 "opens_socket": "forbidden_io", "writes_build_cache": "forbidden_io"}
+# CPU kernels that pass every check and try to take what the worker cannot reach: they find nothing and
+# compute right (tests/test_sandbox.py shows a worker that kept root would give it to them).
+ISOLATION_KINDS = {"reads_forge_environ": "ok"}
 TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",
                 "reads_env": "forbidden_io", "uses_eval": "forbidden_code", "patches_module": "forbidden_code",
                 "import_time_code": "forbidden_code", "patch_in_launch": "forbidden_code",
@@ -124,7 +128,7 @@ def spec() -> TaskSpec:
 
 
 @pytest.mark.parametrize(("folder", "suffix", "kinds"), [
-    ("cpu", ".cpp", C_KINDS | BINARY_KINDS | RUNTIME_KINDS | CPU_KINDS),
+    ("cpu", ".cpp", C_KINDS | BINARY_KINDS | RUNTIME_KINDS | CPU_KINDS | ISOLATION_KINDS),
     ("cuda", ".cu", C_KINDS | CUDA_BINARY_KINDS),
     ("triton", ".py", TRITON_KINDS), ("cpu_int", ".cpp", INT_KINDS)])
 def test_corpus_is_complete(folder: str, suffix: str, kinds: dict[str, str]) -> None:
@@ -341,7 +345,7 @@ def test_worker_env_is_an_allowlist(spec: TaskSpec, tmp_path: Path, monkeypatch:
         raw = Path(f"/proc/{ev.worker.proc.pid}/environ").read_bytes()
     names = {e.split(b"=", 1)[0].decode() for e in raw.split(b"\0") if e}
     home = next(e.split(b"=", 1)[1].decode() for e in raw.split(b"\0") if e.startswith(b"HOME="))
-    assert home != os.environ.get("HOME") and Path(home).name.startswith("forge-worker")  # not the user's home
+    assert home == str(ev.worker.scratch) and home != os.environ.get("HOME")  # its own folder, not the user's home
     assert "PATH" in names  # it is the real environment
     for name, value in secrets.items():
         assert name.encode() not in raw

@@ -1,7 +1,9 @@
 """Build: candidate source -> shared library (cpu: g++, cuda: nvcc), cached by content key.
 
 Builds are compiler processes run in parallel from a thread pool (one per CPU core), each with a time
-limit and a scrubbed environment. The cache key
+limit and a scrubbed environment, in forge's own process: the cache is written by forge's compilers only,
+never by a worker (which loads a copy: forge.evaluate.parent.Worker.stage), and its folders and files are
+made not writable by other users (a worker that gave up root: forge.evaluate.privilege). The cache key
 covers the source, entry, flags, compiler version, target architecture and the ABI header, so a hit is
 always the same binary; each build records the SHA-256 of its file (`kernel.sha256`; a CUDA build also
 keeps its host object, `host.o`, which forge.evaluate.elfcheck reads, with `host.sha256`), checked on every
@@ -135,7 +137,7 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
         return hit
     if target.exists():
         log.warning("cached build %s changed since it was built (or has no hash): building it again", key)
-    folder.mkdir(parents=True, exist_ok=True)
+    _folder(folder)
     tmp = folder / f"tmp-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
     try:
@@ -175,8 +177,20 @@ def _compile(cmds: list[list[str]], cwd: Path, timeout_s: float) -> tuple[bool, 
     return ok, text
 
 
+def _folder(folder: Path) -> None:
+    """The build's folder and the cache's `builds` folder, made not writable by other users (a worker)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in (folder.parent, folder):
+        try:
+            os.chmod(f, 0o755)
+        except OSError:  # a shared cache made by another user: theirs to keep
+            pass
+
+
 def _install(file: Path, target: Path, record: str = "") -> None:
-    """Move a finished file into its build folder; with `record`, its SHA-256 written first under that name."""
+    """Move a finished file into its build folder, readable by all and writable by forge's user only; with
+    `record`, its SHA-256 written first under that name."""
+    os.chmod(file, 0o644)
     if record:
         _record(file, target.parent, record)
     os.replace(file, target)
@@ -221,6 +235,7 @@ def _record(built: Path, folder: Path, record: str = "kernel.sha256") -> None:
     """Write the SHA-256 of a finished build next to where it goes (atomically, before the file itself)."""
     tmp = built.with_suffix(".sha256")
     tmp.write_text(file_sha256(built) + "\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, folder / record)
 
 

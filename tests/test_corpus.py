@@ -285,6 +285,21 @@ def test_cuda_corpus(path: Path, spec: TaskSpec, cuda_evaluator: Evaluator) -> N
 
 
 @pytest.mark.cuda
+def test_a_confined_cuda_worker_refuses_python_candidates(spec: TaskSpec, tmp_path: Path) -> None:
+    """Under the seccomp filter (FORGE_CUDA_SECCOMP=1) a Triton candidate is refused before it loads (its
+    compiler is a program the worker would start), and the worker goes on with CUDA ones."""
+    from forge.evaluate.parent import Worker
+
+    with Evaluator("cuda", timeout_s=60, cache_dir=tmp_path) as ev:
+        ev.worker.close()
+        ev.worker = Worker("cuda", confined=True)
+        r = ev.evaluate(spec, Candidate.from_file(CORPUS / "triton" / "good.py"))
+        assert r.status is Status.LAUNCH_ERROR and "FORGE_CUDA_SECCOMP" in r.message, r
+        r = ev.evaluate(spec, Candidate.from_file(CORPUS / "cuda" / "good.cu"))
+        assert r.status is Status.OK and not ev.worker.unconfined, r.message
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("path", params(TRITON_FILES))
 def test_triton_corpus(path: Path, spec: TaskSpec, cuda_evaluator: Evaluator) -> None:
     r = cuda_evaluator.evaluate(spec, Candidate.from_file(path))

@@ -147,7 +147,7 @@ def main(argv: list[str]) -> int:
         unconfined = confine_available()
         if not unconfined:
             torch.empty(1, device=device).add_(1)  # the allocator and the thread pool before the filter
-            confine()
+            confine(cuda=device.startswith("cuda"))
     conn_out.send(("ready", unconfined))
     while True:
         try:

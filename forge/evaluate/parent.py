@@ -24,6 +24,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from forge.backends import BACKENDS
 from forge.evaluate.arena import Arena
 from forge.evaluate.judge import evaluate
 from forge.evaluate.privilege import Drop, account, needed_paths, plan
@@ -90,17 +91,18 @@ class Worker:
         """`confined`: the worker installs forge.evaluate.confine's seccomp filter. `own_network`: a network
         namespace of its own when forge runs as root (forge.evaluate.sandbox.limits). `unprivileged`: when
         forge runs as root, the worker gives up root for FORGE_WORKER_USER (forge.evaluate.privilege). Each
-        defaults to on for a CPU worker and off for a CUDA one (also a Triton worker, whose compiler is a
-        program it starts; CUDA IPC in a namespace is not measured on a GPU yet). `program`: what Python runs
-        (tests run a worker a candidate has taken over). `triton_cache`: a subfolder of Triton's cache that
-        is this worker's own (one per GPU of a pool)."""
+        defaults to on for a CPU worker; a CUDA worker gets the namespace and the user with
+        FORGE_CUDA_SANDBOX=1 and the filter with FORGE_CUDA_SECCOMP=1 (off until measured on a GPU:
+        benchmarks/h200_sandbox.sh; a confined CUDA worker refuses Triton candidates, whose compiler is a
+        program it would start). `program`: what Python runs (tests run a worker a candidate has taken
+        over). `triton_cache`: a subfolder of Triton's cache that is this worker's own (one per GPU of a pool)."""
         cuda = device.startswith("cuda")
-        sandbox = not cuda
+        sandbox = not cuda or os.environ.get("FORGE_CUDA_SANDBOX") == "1"
         self.triton_cache = triton_cache
         self.program = program
         self.isolate_network = sandbox if own_network is None else own_network
         self.device = device
-        self.confined = sandbox if confined is None else confined
+        self.confined = (not cuda or os.environ.get("FORGE_CUDA_SECCOMP") == "1") if confined is None else confined
         self.unconfined = ""  # why the worker could not confine itself, when it could not
         self.own_network = False  # the worker runs in a network namespace of its own (forge.evaluate.sandbox.limits)
         nondumpable()  # a worker that is not root cannot read forge's environment or memory through /proc
@@ -126,8 +128,8 @@ class Worker:
         os.chmod(self.lib, 0o755)
         who = account() if want else None
         if who is None:
-            return None, "forge runs as root and the worker keeps it (FORGE_WORKER_USER=root, or a " \
-                "CUDA worker)" if os.geteuid() == 0 else ""
+            return None, "forge runs as root and the worker keeps it (FORGE_WORKER_USER=root, or a CUDA worker " \
+                "without FORGE_CUDA_SANDBOX=1)" if os.geteuid() == 0 else ""
         uid, gid, user = who
         os.chmod(root, 0o711)  # the worker reaches its folders, lists none of forge's (worker.log)
         os.chown(self.scratch, uid, gid)
@@ -166,6 +168,8 @@ class Worker:
             extra["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[int(index)] \
                 if os.environ.get("CUDA_VISIBLE_DEVICES") else index
             dev = "cuda:0"
+            if self.confined:  # no compute cache to create (an O_CREAT the filter kills): no PTX is JIT-compiled
+                extra["CUDA_CACHE_DISABLE"] = "1"
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
         flags = [*(["confine"] if self.confined else []), *(["private"] if self.drop else [])]
         try:
@@ -261,6 +265,10 @@ class Worker:
         assert self.proc is not None
         staged = None
         if isinstance(msg, Load):  # loaded from a copy of the worker's (gone once loaded: glibc and import keep theirs)
+            if self.confined and self.device.startswith("cuda") and not BACKENDS[msg.backend].native:
+                return EvalResult(Status.LAUNCH_ERROR, "a Python candidate cannot run on a CUDA worker under the "
+                                  "seccomp filter (FORGE_CUDA_SECCOMP=1): its compiler is a program the worker "
+                                  "would start", device=self.device, device_s=time.perf_counter() - start)
             msg = replace(msg, path=self.stage(msg.path))
             staged = Path(msg.path) if Path(msg.path).parent == self.lib else None
         try:

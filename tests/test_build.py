@@ -1,5 +1,8 @@
 """Builds: real compiler runs, cached by content key, failures as values."""
 
+import shutil
+
+import pytest
 from conftest import MODELS
 
 from forge.evaluate.build import BuildPool, build, build_key
@@ -33,6 +36,34 @@ def test_a_cached_build_that_changed_or_lost_its_hash_is_built_again(tmp_path):
     record.unlink()
     assert not build(cand, cache_dir=tmp_path).cached
     assert build(cand, cache_dir=tmp_path).cached
+
+
+def test_a_cached_build_is_not_writable_by_other_users(tmp_path):
+    """A worker that gave up root (forge.evaluate.privilege) cannot change a build another cache hit trusts."""
+    from pathlib import Path
+
+    lib = Path(build(Candidate("cpu", GOOD), cache_dir=tmp_path).path)
+    for f in (lib, lib.parent / "kernel.sha256", lib.parent / "build.log"):
+        assert f.stat().st_mode & 0o777 == 0o644, f
+    for d in (lib.parent, lib.parent.parent):
+        assert d.stat().st_mode & 0o777 == 0o755, d
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_a_cuda_build_keeps_its_host_object_hashed(tmp_path):
+    """The host object forge.evaluate.elfcheck reads is kept with its own hash: one changed since is built again."""
+    import hashlib
+    from pathlib import Path
+
+    cand = Candidate.from_file(MODELS.parent / "corpus" / "cuda" / "good.cu")
+    first = build(cand, "sm_90", tmp_path)
+    host = Path(first.path).parent / "host.o"
+    assert first.ok
+    assert (host.parent / "host.sha256").read_text().strip() == hashlib.sha256(host.read_bytes()).hexdigest()
+    assert build(cand, "sm_90", tmp_path).cached
+    host.write_bytes(host.read_bytes() + b"planted")
+    again = build(cand, "sm_90", tmp_path)
+    assert again.ok and not again.cached and b"planted" not in host.read_bytes()
 
 
 def test_build_error_is_a_value_with_the_compiler_log(tmp_path):

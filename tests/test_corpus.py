@@ -59,8 +59,17 @@ BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_con
 # CPU-only kinds: what the text checks stop (class C of issue 13: reaching into the worker's process), and
 # an input used as scratch and restored (class E: inputs are read-only during a CPU verification call).
 CPU_KINDS = {"reads_proc_maps": "forbidden_io", "restores_input": "input_mutated"}
+# CUDA kernels whose source passes the text checks and whose host object does not (forge.evaluate.elfcheck:
+# the CUDA runtime calls a launcher may make are an allowlist).
+CUDA_BINARY_KINDS = {"pasted_malloc": "forbidden_alloc", "pasted_stream": "forbidden_concurrency",
+                     "resets_device": "forbidden_code", "pasted_system": "forbidden_io",
+                     "macro_constructor": "forbidden_code"}
 # CPU kernels that pass the text checks and the built library's: only the worker's seccomp filter stops them.
-RUNTIME_KINDS = {"libc_walk": "forbidden_io", "signals_harness": "forbidden_io"}
+RUNTIME_KINDS = {"libc_walk": "forbidden_io", "signals_harness": "forbidden_io", "forks_at_run_time": "forbidden_io",
+                 "opens_socket": "forbidden_io", "writes_build_cache": "forbidden_io"}
+# CPU kernels that pass every check and try to take what the worker cannot reach: they find nothing and
+# compute right (tests/test_sandbox.py shows a worker that kept root would give it to them).
+ISOLATION_KINDS = {"reads_forge_environ": "ok"}
 TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "forbidden_concurrency",
                 "reads_env": "forbidden_io", "uses_eval": "forbidden_code", "patches_module": "forbidden_code",
                 "import_time_code": "forbidden_code", "patch_in_launch": "forbidden_code",
@@ -119,7 +128,8 @@ def spec() -> TaskSpec:
 
 
 @pytest.mark.parametrize(("folder", "suffix", "kinds"), [
-    ("cpu", ".cpp", C_KINDS | BINARY_KINDS | RUNTIME_KINDS | CPU_KINDS), ("cuda", ".cu", C_KINDS),
+    ("cpu", ".cpp", C_KINDS | BINARY_KINDS | RUNTIME_KINDS | CPU_KINDS | ISOLATION_KINDS),
+    ("cuda", ".cu", C_KINDS | CUDA_BINARY_KINDS),
     ("triton", ".py", TRITON_KINDS), ("cpu_int", ".cpp", INT_KINDS)])
 def test_corpus_is_complete(folder: str, suffix: str, kinds: dict[str, str]) -> None:
     files = sorted((CORPUS / folder).iterdir())
@@ -143,7 +153,8 @@ def test_corpus_static_checks(path: Path) -> None:
     """Static kinds are rejected by forge.evaluate.checks with their status first; no other file has any finding."""
     findings = check(Candidate.from_file(path))
     want = expected(path)
-    if path.stem in BINARY_KINDS or path.stem in RUNTIME_KINDS:
+    binary = CUDA_BINARY_KINDS if path.suffix == ".cu" else BINARY_KINDS
+    if path.stem in binary or path.stem in RUNTIME_KINDS:
         assert findings == [], f"{path.name} is meant to pass the text checks: {findings}"
     elif want in STATIC:
         assert findings, f"{path.name}: the static checks found nothing"
@@ -241,6 +252,22 @@ def test_cuda_corpus_builds(path: Path, cuda_builds: dict[str, BuildResult]) -> 
         assert Path(built.path).stat().st_size > 0
 
 
+@pytest.mark.parametrize("path", params([p for p in CUDA_FILES if p.stem not in NOT_BUILT
+                                         and expected(p) != Status.BUILD_ERROR.value]))
+def test_cuda_host_object_check(path: Path, cuda_builds: dict[str, BuildResult]) -> None:
+    """The check of a CUDA build's host object rejects each binary kind with its status and passes every
+    kernel the text checks pass (its CUDA runtime allowlist covers what a launcher needs)."""
+    from forge.evaluate.elfcheck import check_library
+
+    found = check_library(cuda_builds[path.stem].path, "cuda")
+    if path.stem in CUDA_BINARY_KINDS:
+        assert found and found[0][0].value == expected(path), found
+    elif expected(path) in STATIC:  # rejected before building; the host object agrees where it can see it
+        assert all(status.value == expected(path) for status, _ in found), found
+    else:
+        assert found == [], found
+
+
 @pytest.fixture(scope="module")
 def cuda_evaluator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Evaluator]:
     """One evaluator for the cuda and Triton corpora on the first GPU."""
@@ -255,6 +282,21 @@ def test_cuda_corpus(path: Path, spec: TaskSpec, cuda_evaluator: Evaluator) -> N
     assert r.status.value == expected(path), describe(path, r)
     if path.stem == "good":
         assert_good_timing(r)
+
+
+@pytest.mark.cuda
+def test_a_confined_cuda_worker_refuses_python_candidates(spec: TaskSpec, tmp_path: Path) -> None:
+    """Under the seccomp filter (FORGE_CUDA_SECCOMP=1) a Triton candidate is refused before it loads (its
+    compiler is a program the worker would start), and the worker goes on with CUDA ones."""
+    from forge.evaluate.parent import Worker
+
+    with Evaluator("cuda", timeout_s=60, cache_dir=tmp_path) as ev:
+        ev.worker.close()
+        ev.worker = Worker("cuda", confined=True)
+        r = ev.evaluate(spec, Candidate.from_file(CORPUS / "triton" / "good.py"))
+        assert r.status is Status.LAUNCH_ERROR and "FORGE_CUDA_SECCOMP" in r.message, r
+        r = ev.evaluate(spec, Candidate.from_file(CORPUS / "cuda" / "good.cu"))
+        assert r.status is Status.OK and not ev.worker.unconfined, r.message
 
 
 @pytest.mark.cuda
@@ -318,7 +360,7 @@ def test_worker_env_is_an_allowlist(spec: TaskSpec, tmp_path: Path, monkeypatch:
         raw = Path(f"/proc/{ev.worker.proc.pid}/environ").read_bytes()
     names = {e.split(b"=", 1)[0].decode() for e in raw.split(b"\0") if e}
     home = next(e.split(b"=", 1)[1].decode() for e in raw.split(b"\0") if e.startswith(b"HOME="))
-    assert home != os.environ.get("HOME") and Path(home).name.startswith("forge-worker")  # not the user's home
+    assert home == str(ev.worker.scratch) and home != os.environ.get("HOME")  # its own folder, not the user's home
     assert "PATH" in names  # it is the real environment
     for name, value in secrets.items():
         assert name.encode() not in raw

@@ -1,11 +1,15 @@
 """Build: candidate source -> shared library (cpu: g++, cuda: nvcc), cached by content key.
 
 Builds are compiler processes run in parallel from a thread pool (one per CPU core), each with a time
-limit and a scrubbed environment. The cache key covers the source, entry, flags, compiler version,
-target architecture and the ABI header, so a hit is always the same binary; each build records the
-SHA-256 of its file (`kernel.sha256`), checked on every hit: a cached file that changed since it was built
-(another process wrote over it) or has no record is built again. Triton candidates are compiled by Triton
-inside the worker on first launch; their "build" only stores the module file.
+limit and a scrubbed environment, in forge's own process: the cache is written by forge's compilers only,
+never by a worker (which loads a copy: forge.evaluate.parent.Worker.stage), and its folders and files are
+made not writable by other users (a worker that gave up root: forge.evaluate.privilege). The cache key
+covers the source, entry, flags, compiler version, target architecture and the ABI header, so a hit is
+always the same binary; each build records the SHA-256 of its file (`kernel.sha256`; a CUDA build also
+keeps its host object, `host.o`, which forge.evaluate.elfcheck reads, with `host.sha256`), checked on every
+hit: a cached file that changed since it was built (another process wrote over it) or has no record is
+built again. Triton candidates are compiled by Triton inside the worker on first launch; their "build" only
+stores the module file.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge.backends import BACKENDS
+from forge.evaluate.elfcheck import HOST_OBJECT
 from forge.evaluate.sandbox import scrubbed_env
 from forge.kernel import ABI_DIR, Candidate
 
@@ -71,7 +76,7 @@ def arch_flags(arch: str) -> list[str]:
 
 
 # in the key: a change of steps is a new build
-_STEPS = "compile with the optimisation report, then link without the candidate's flags"
+_STEPS = "compile with the optimisation report, then link without the candidate's flags; CUDA: keep host.o"
 
 
 def commands(candidate: Candidate, src: Path, out: Path, arch: str | None) -> list[list[str]]:
@@ -85,8 +90,12 @@ def commands(candidate: Candidate, src: Path, out: Path, arch: str | None) -> li
         return [[path, "-x", "c++", "-std=c++17", "-O3", "-march=native", "-fopenmp", "-fPIC", "-c",
                  f"-I{ABI_DIR}", *report_flags(version), *candidate.flags, "-o", str(obj), str(src)],
                 [path, "-shared", "-fopenmp", "-o", str(out), str(obj)]]
-    return [[path, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
-             *arch_flags(arch or "sm_90"), f"-I{ABI_DIR}", *candidate.flags, "-o", str(out), str(src)]]
+    # CUDA: compiled to a host object first, which the library check reads (forge.evaluate.elfcheck: the
+    # library links the CUDA runtime statically, whose own imports would hide the kernel's)
+    obj = out.with_name(HOST_OBJECT)
+    return [[path, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Xptxas", "-v", *arch_flags(arch or "sm_90"),
+             f"-I{ABI_DIR}", *candidate.flags, "-c", "-o", str(obj), str(src)],
+            [path, "-shared", *arch_flags(arch or "sm_90"), "-o", str(out), str(obj)]]
 
 
 def report_flags(version: str) -> list[str]:
@@ -122,44 +131,69 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
     folder = cache_dir / "builds" / key
     b = BACKENDS[candidate.backend]
     suffix, target = b.suffix, folder / b.artifact
-    hit = _hit(folder, target, key, start)
+    host = _keeps_host(candidate.backend)
+    hit = _hit(folder, target, key, start, host)
     if hit is not None:
         return hit
     if target.exists():
         log.warning("cached build %s changed since it was built (or has no hash): building it again", key)
-    folder.mkdir(parents=True, exist_ok=True)
+    _folder(folder)
     tmp = folder / f"tmp-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
     try:
         src = tmp / f"kernel{suffix}"
         src.write_text(candidate.source)
         if not b.native:  # a Python module: nothing to compile
-            (tmp / "build.log").write_text("")
-            _record(src, folder)
-            os.replace(src, target)
+            _install(src, target, "kernel.sha256")
             return BuildResult(True, str(target), "", time.perf_counter() - start, False, key)
         out = tmp / b.artifact
-        text, ok = "", True
-        for cmd in commands(candidate, src, out, arch):
-            try:
-                # its own session: Ctrl-C reaches forge only, so a compiler it interrupts is no build error
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tmp,
-                                      env=scrubbed_env(), stdin=subprocess.DEVNULL, start_new_session=True)
-                text += f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
-                ok = proc.returncode == 0
-            except subprocess.TimeoutExpired:
-                text, ok = text + f"$ {' '.join(cmd)}\ncompiler timed out after {timeout_s:.0f} s", False
-            if not ok:
-                break
-        ok = ok and out.exists()
+        ok, text = _compile(commands(candidate, src, out, arch), tmp, timeout_s)
+        ok = ok and out.exists() and (not host or (tmp / HOST_OBJECT).exists())
         if ok:
             (tmp / "build.log").write_text(text)
-            os.replace(tmp / "build.log", folder / "build.log")
-            _record(out, folder)
-            os.replace(out, target)  # atomic: a concurrent build of the same key is harmless
+            _install(tmp / "build.log", folder / "build.log")
+            if host:
+                _install(tmp / HOST_OBJECT, folder / HOST_OBJECT, "host.sha256")
+            _install(out, target, "kernel.sha256")  # last, atomic: a concurrent build of the same key is harmless
         return BuildResult(ok, str(target) if ok else "", text, time.perf_counter() - start, False, key)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _compile(cmds: list[list[str]], cwd: Path, timeout_s: float) -> tuple[bool, str]:
+    """Run the compiler commands in order until one fails: whether all succeeded, and their log."""
+    text, ok = "", True
+    for cmd in cmds:
+        try:
+            # its own session: Ctrl-C reaches forge only, so a compiler it interrupts is no build error
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
+                                  env=scrubbed_env(), stdin=subprocess.DEVNULL, start_new_session=True)
+            text += f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
+            ok = proc.returncode == 0
+        except subprocess.TimeoutExpired:
+            text, ok = text + f"$ {' '.join(cmd)}\ncompiler timed out after {timeout_s:.0f} s", False
+        if not ok:
+            break
+    return ok, text
+
+
+def _folder(folder: Path) -> None:
+    """The build's folder and the cache's `builds` folder, made not writable by other users (a worker)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in (folder.parent, folder):
+        try:
+            os.chmod(f, 0o755)
+        except OSError:  # a shared cache made by another user: theirs to keep
+            pass
+
+
+def _install(file: Path, target: Path, record: str = "") -> None:
+    """Move a finished file into its build folder, readable by all and writable by forge's user only; with
+    `record`, its SHA-256 written first under that name."""
+    os.chmod(file, 0o644)
+    if record:
+        _record(file, target.parent, record)
+    os.replace(file, target)
 
 
 def cached(candidate: Candidate, arch: str | None = None, cache_dir: Path | None = None) -> BuildResult | None:
@@ -170,14 +204,22 @@ def cached(candidate: Candidate, arch: str | None = None, cache_dir: Path | None
     except (FileNotFoundError, subprocess.SubprocessError):
         return None
     folder = (cache_dir or default_cache_dir()) / "builds" / key
-    return _hit(folder, folder / BACKENDS[candidate.backend].artifact, key, start)
+    return _hit(folder, folder / BACKENDS[candidate.backend].artifact, key, start, _keeps_host(candidate.backend))
 
 
-def _hit(folder: Path, target: Path, key: str, start: float) -> BuildResult | None:
-    """The build in `folder` if its file is there and matches its recorded SHA-256."""
-    if target.exists() and _read(folder / "kernel.sha256").strip() == file_sha256(target):
-        return BuildResult(True, str(target), _read(folder / "build.log"), time.perf_counter() - start, True, key)
-    return None
+def _keeps_host(backend: str) -> bool:
+    """Whether a backend's build keeps its host object (CUDA: forge.evaluate.elfcheck reads it)."""
+    b = BACKENDS[backend]
+    return b.native and b.device == "cuda"
+
+
+def _hit(folder: Path, target: Path, key: str, start: float, host: bool = False) -> BuildResult | None:
+    """The build in `folder` if its file (and with `host`, a CUDA build's host object) is there and matches its
+    recorded SHA-256."""
+    for file, record in ((target, "kernel.sha256"), *(((folder / HOST_OBJECT, "host.sha256"),) if host else ())):
+        if not file.exists() or _read(folder / record).strip() != file_sha256(file):
+            return None
+    return BuildResult(True, str(target), _read(folder / "build.log"), time.perf_counter() - start, True, key)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -189,11 +231,12 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def _record(built: Path, folder: Path) -> None:
+def _record(built: Path, folder: Path, record: str = "kernel.sha256") -> None:
     """Write the SHA-256 of a finished build next to where it goes (atomically, before the file itself)."""
     tmp = built.with_suffix(".sha256")
     tmp.write_text(file_sha256(built) + "\n")
-    os.replace(tmp, folder / "kernel.sha256")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, folder / record)
 
 
 def _read(path: Path) -> str:

@@ -28,6 +28,7 @@ from forge.evaluate.arena import Mapped
 from forge.evaluate.confine import available as confine_available
 from forge.evaluate.confine import confine
 from forge.evaluate.launch import ForbiddenTorch, Launcher, LaunchError, call_on
+from forge.evaluate.sandbox import nondumpable
 from forge.evaluate.spotcheck import SpotCheck
 from forge.evaluate.steps import Call, Load, Reply, Time
 from forge.kernel import Status
@@ -129,20 +130,24 @@ def handle(msg: Load | Call | Time, st: _State) -> Reply:
 
 
 def main(argv: list[str]) -> int:
-    """Serve steps until the parent closes the pipe. argv: FD_IN FD_OUT DEVICE [confine]: with `confine`,
-    the worker installs forge.evaluate.confine's seccomp filter on itself before the first step, once everything
-    it needs is imported and initialised, and tells the parent whether it could ("ready", reason or "")."""
+    """Serve steps until the parent closes the pipe. argv: FD_IN FD_OUT DEVICE [confine] [private]: with
+    `confine`, the worker installs forge.evaluate.confine's seccomp filter on itself before the first step,
+    once everything it needs is imported and initialised, and tells the parent whether it could ("ready",
+    reason or ""); with `private` (a worker that gave up root), it makes itself non-dumpable first, so that
+    other processes of its user (other workers) cannot read its memory."""
     fd_in, fd_out, device = int(argv[0]), int(argv[1]), argv[2]
     conn_in, conn_out = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
+    if "private" in argv[3:]:
+        nondumpable()
     if device.startswith("cuda"):
         torch.cuda.init()
     st = _State(device)
     unconfined = ""
-    if argv[3:] == ["confine"]:
+    if "confine" in argv[3:]:
         unconfined = confine_available()
         if not unconfined:
             torch.empty(1, device=device).add_(1)  # the allocator and the thread pool before the filter
-            confine()
+            confine(cuda=device.startswith("cuda"))
     conn_out.send(("ready", unconfined))
     while True:
         try:

@@ -16,6 +16,13 @@ binding) that kills the whole process (SIGSYS) on:
 - the system: mount, umount2, pivot_root, chroot, setns, unshare, namespaces and privileges (setuid and
   kin), module and kexec loading, reboot, swapon/off, bpf, perf_event_open, userfaultfd, keyctl, iopl,
   ioperm, personality, open_by_handle_at.
+CUDA workers (FORGE_CUDA_SECCOMP=1; off by default until measured on a GPU: benchmarks/h200_sandbox.sh) get
+the same filter with one difference: a CUDA context opens /dev/nvidia* read-write after it is made (new
+mappings, new streams), and a filter cannot read the path an open names, so opens for reading and writing
+stay allowed there and only those that create, truncate or append are killed (with FORGE_CUDA_SANDBOX=1
+the worker has also given up root and can write hardly anything: forge.evaluate.privilege). Triton
+candidates are refused on a confined CUDA worker (forge.evaluate.parent): Triton's compiler is a program
+(ptxas) the worker would start.
 The parent sees a worker killed by SIGSYS and reports `forbidden_io`; the harness starts a new worker and
 goes on. Reading files stays allowed (dlopen must open each candidate's library): forge makes its own
 process non-dumpable while workers run (forge.evaluate.parent), so a worker that is not root cannot read forge's
@@ -33,6 +40,7 @@ log = logging.getLogger(__name__)
 
 _CLONE_THREAD = 0x00010000
 _WRITE_FLAGS = (os.O_WRONLY, os.O_RDWR, os.O_CREAT, os.O_TRUNC, os.O_APPEND)
+_CUDA_WRITE_FLAGS = (os.O_CREAT, os.O_TRUNC, os.O_APPEND)  # /dev/nvidia* is opened O_RDWR after init
 _KILLED = (
     "execve", "execveat", "fork", "vfork", "tkill", "ptrace", "process_vm_readv", "process_vm_writev",
     "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "socket", "socketpair", "connect", "bind", "listen",
@@ -61,9 +69,10 @@ def available() -> str:
     return ""
 
 
-def confine() -> None:
-    """Install the filter on this process and every thread it starts (irreversible); see the module doc.
-    Raises what the binding raises when it cannot (call `available()` first)."""
+def confine(cuda: bool = False) -> None:
+    """Install the filter on this process and every thread it starts (irreversible); see the module doc
+    (`cuda`: the CUDA worker's, whose opens for writing without creating stay allowed). Raises what the
+    binding raises when it cannot (call `available()` first)."""
     import pyseccomp as sc
 
     sys.dont_write_bytecode = True  # a module imported later must not write its .pyc (a killed open)
@@ -82,9 +91,9 @@ def confine() -> None:
     rule(sc.KILL_PROCESS, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
     for name in ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):  # a signal to another process
         rule(sc.KILL_PROCESS, name, sc.Arg(0, sc.NE, me))
-    for flag in _WRITE_FLAGS:
+    for flag in _CUDA_WRITE_FLAGS if cuda else _WRITE_FLAGS:
         rule(sc.KILL_PROCESS, "open", sc.Arg(1, sc.MASKED_EQ, flag, flag))
         rule(sc.KILL_PROCESS, "openat", sc.Arg(2, sc.MASKED_EQ, flag, flag))
     f.load()
-    log.info("worker %d confined by seccomp", me)
+    log.info("%s worker %d confined by seccomp", "CUDA" if cuda else "CPU", me)
 

@@ -9,6 +9,7 @@ in this process (forge.evaluate.judge) through the worker's steps and the arena 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import pickle
@@ -19,13 +20,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from forge.backends import BACKENDS
 from forge.evaluate.arena import Arena
 from forge.evaluate.judge import evaluate
-from forge.evaluate.sandbox import limits, network_namespace, nondumpable, scrubbed_env
-from forge.evaluate.steps import EvalRequest, Reply, decode, valid_reply
+from forge.evaluate.privilege import Drop, account, needed_paths, plan
+from forge.evaluate.sandbox import limits, network_namespace, nondumpable, process_uid, scrubbed_env
+from forge.evaluate.steps import EvalRequest, Load, Reply, decode, valid_reply
 from forge.kernel import EvalResult, Status
 
 log = logging.getLogger(__name__)
@@ -82,17 +86,23 @@ class Worker:
 
     def __init__(self, device: str = "cpu", memory_bytes: int | None = None, start_timeout_s: float = 120.0,
                  confined: bool | None = None, program: tuple[str, ...] = ("-m", "forge.evaluate.child"),
-                 own_network: bool | None = None, triton_cache: str | None = None) -> None:
-        """`confined`: the worker installs forge.evaluate.confine's seccomp filter (default: on the CPU; a CUDA worker
-        also runs Triton, whose compiler is a program it starts). `program`: what Python runs (tests run a
-        worker a candidate has taken over). `own_network`: a network namespace of its own when forge runs as
-        root (forge.evaluate.sandbox.limits; default: on the CPU, until CUDA IPC inside one is measured on a GPU).
-        `triton_cache`: a subfolder of Triton's cache that is this worker's own (one per GPU of a pool)."""
+                 own_network: bool | None = None, triton_cache: str | None = None,
+                 unprivileged: bool | None = None) -> None:
+        """`confined`: the worker installs forge.evaluate.confine's seccomp filter. `own_network`: a network
+        namespace of its own when forge runs as root (forge.evaluate.sandbox.limits). `unprivileged`: when
+        forge runs as root, the worker gives up root for FORGE_WORKER_USER (forge.evaluate.privilege). Each
+        defaults to on for a CPU worker; a CUDA worker gets the namespace and the user with
+        FORGE_CUDA_SANDBOX=1 and the filter with FORGE_CUDA_SECCOMP=1 (off until measured on a GPU:
+        benchmarks/h200_sandbox.sh; a confined CUDA worker refuses Triton candidates, whose compiler is a
+        program it would start). `program`: what Python runs (tests run a worker a candidate has taken
+        over). `triton_cache`: a subfolder of Triton's cache that is this worker's own (one per GPU of a pool)."""
+        cuda = device.startswith("cuda")
+        sandbox = not cuda or os.environ.get("FORGE_CUDA_SANDBOX") == "1"
         self.triton_cache = triton_cache
         self.program = program
-        self.isolate_network = device == "cpu" if own_network is None else own_network
+        self.isolate_network = sandbox if own_network is None else own_network
         self.device = device
-        self.confined = device == "cpu" if confined is None else confined
+        self.confined = (not cuda or os.environ.get("FORGE_CUDA_SECCOMP") == "1") if confined is None else confined
         self.unconfined = ""  # why the worker could not confine itself, when it could not
         self.own_network = False  # the worker runs in a network namespace of its own (forge.evaluate.sandbox.limits)
         nondumpable()  # a worker that is not root cannot read forge's environment or memory through /proc
@@ -104,6 +114,30 @@ class Worker:
         self._dir = tempfile.TemporaryDirectory(prefix="forge-worker-")
         self.arena = Arena(device)
         self._memfd = self.arena.memfds
+        self.uid: int | None = None  # the user the running worker is (read from /proc)
+        self.drop, self.privileged = self._plan(sandbox if unprivileged is None else unprivileged)
+
+    def _plan(self, want: bool) -> tuple[Drop | None, str]:
+        """The worker's folders (its own scratch, where it may write; `lib`, where built libraries are copied
+        for it to load) and the Drop that gives up root; with the reason why the worker runs as root when it
+        does ("" otherwise)."""
+        root = Path(self._dir.name)
+        self.scratch, self.lib = root / "scratch", root / "lib"
+        self.scratch.mkdir()
+        self.lib.mkdir()
+        os.chmod(self.lib, 0o755)
+        who = account() if want else None
+        if who is None:
+            return None, "forge runs as root and the worker keeps it (FORGE_WORKER_USER=root, or a CUDA worker " \
+                "without FORGE_CUDA_SANDBOX=1)" if os.geteuid() == 0 else ""
+        uid, gid, user = who
+        os.chmod(root, 0o711)  # the worker reaches its folders, lists none of forge's (worker.log)
+        os.chown(self.scratch, uid, gid)
+        found = plan(uid, gid, user, needed_paths([_ROOT, str(self.scratch), str(self.lib)]))
+        if isinstance(found, str):
+            log.warning("the %s worker keeps root: %s", self.device, found)
+            return None, found
+        return found, ""
 
     @property
     def log_path(self) -> Path:
@@ -122,24 +156,29 @@ class Worker:
         # HOME is the worker's own folder: credentials kept in files under the user's home (~/.aws, ~/.netrc,
         # tokens) are not a path away; Triton's cache stays where it was
         triton_cache = os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
-        if self.triton_cache:
+        if self.drop is not None:  # forge's cache is not the worker's to write: one of its own
+            triton_cache = str(self.scratch / "triton")
+        elif self.triton_cache:
             triton_cache = str(Path(triton_cache) / self.triton_cache)
         extra = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p),
-                 "PYTHONUNBUFFERED": "1", "HOME": self._dir.name, "TRITON_CACHE_DIR": triton_cache}
+                 "PYTHONUNBUFFERED": "1", "HOME": str(self.scratch), "TRITON_CACHE_DIR": triton_cache}
         dev = self.device
         if dev.startswith("cuda"):
             index = dev.split(":")[1] if ":" in dev else "0"
             extra["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[int(index)] \
                 if os.environ.get("CUDA_VISIBLE_DEVICES") else index
             dev = "cuda:0"
+            if self.confined:  # no compute cache to create (an O_CREAT the filter kills): no PTX is JIT-compiled
+                extra["CUDA_CACHE_DISABLE"] = "1"
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
-        self.proc = subprocess.Popen(
-            [sys.executable, *self.program, str(req_r), str(res_w), dev,
-             *(["confine"] if self.confined else [])],
-            pass_fds=(req_r, res_w) + ((self.arena.fd,) if self.arena.fd >= 0 else ()),  # the CPU arena's memfd
-            env=scrubbed_env(extra), cwd=self._dir.name, stdin=subprocess.DEVNULL,
-            stdout=self.logf, stderr=subprocess.STDOUT,
-            preexec_fn=limits(self.memory_bytes, None, self.isolate_network))
+        flags = [*(["confine"] if self.confined else []), *(["private"] if self.drop else [])]
+        try:
+            self.proc = self._popen([*self.program, str(req_r), str(res_w), dev, *flags], req_r, res_w, extra)
+        except subprocess.SubprocessError as e:  # the drop failed in the preexec: as forge's user, said so
+            log.warning("the %s worker could not give up root (%s): it runs as root", self.device, e)
+            self.drop, self.privileged = None, f"giving up root failed at start: {e}"
+            flags.remove("private")
+            self.proc = self._popen([*self.program, str(req_r), str(res_w), dev, *flags], req_r, res_w, extra)
         os.close(req_r)
         os.close(res_w)
         self._memfd = self.arena.memfds  # which memfd this worker inherited
@@ -150,6 +189,7 @@ class Worker:
             raise RuntimeError(f"the {self.device} worker did not start: {self.log_tail()}")
         ns = network_namespace(self.proc.pid)
         self.own_network = bool(ns) and ns != network_namespace()
+        self.uid = process_uid(self.proc.pid)
         try:
             hello = decode(_recv_within(self.conn_in, time.monotonic() + self.start_timeout_s))
             if not (isinstance(hello, tuple) and len(hello) == 2 and hello[0] == "ready" and isinstance(hello[1], str)):
@@ -165,6 +205,28 @@ class Worker:
             self._stop()
             raise RuntimeError(f"the {self.device} worker died at start ({_signal_name(code)}): "
                                f"{self.log_tail()}") from e
+
+    def _popen(self, args: list[str], req_r: int, res_w: int, extra: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, *args], pass_fds=(req_r, res_w) + ((self.arena.fd,) if self.arena.fd >= 0 else ()),
+            env=scrubbed_env(extra), cwd=self.scratch, stdin=subprocess.DEVNULL, stdout=self.logf,
+            stderr=subprocess.STDOUT, preexec_fn=limits(self.memory_bytes, None, self.isolate_network, self.drop))
+
+    def stage(self, path: str) -> str:
+        """A copy of a built library (or module) in the worker's `lib` folder, named by its SHA-256, that the
+        worker can read and not write; the worker loads that, never the build cache (forge's to write). The
+        path as it was when it cannot be read (the worker's load then fails with the reason)."""
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            return path
+        staged = self.lib / (hashlib.sha256(data).hexdigest()[:32] + Path(path).suffix)
+        if not staged.exists():
+            tmp = staged.with_name(f".{staged.name}.tmp")
+            tmp.write_bytes(data)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, staged)
+        return str(staged)
 
     def _stop(self) -> None:
         if self.proc is not None:
@@ -200,6 +262,22 @@ class Worker:
                 self._start()
             except RuntimeError as e:  # the worker did not start or died starting: this step's failure
                 return EvalResult(Status.CRASH, str(e)[:800], device=self.device, device_s=time.perf_counter() - start)
+        assert self.proc is not None
+        staged = None
+        if isinstance(msg, Load):  # loaded from a copy of the worker's (gone once loaded: glibc and import keep theirs)
+            if self.confined and self.device.startswith("cuda") and not BACKENDS[msg.backend].native:
+                return EvalResult(Status.LAUNCH_ERROR, "a Python candidate cannot run on a CUDA worker under the "
+                                  "seccomp filter (FORGE_CUDA_SECCOMP=1): its compiler is a program the worker "
+                                  "would start", device=self.device, device_s=time.perf_counter() - start)
+            msg = replace(msg, path=self.stage(msg.path))
+            staged = Path(msg.path) if Path(msg.path).parent == self.lib else None
+        try:
+            return self._exchange(msg, timeout_s, start)
+        finally:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+
+    def _exchange(self, msg: object, timeout_s: float, start: float) -> Reply | EvalResult:
         assert self.proc is not None
         try:
             self.conn_out.send(msg)

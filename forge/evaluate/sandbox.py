@@ -1,5 +1,6 @@
 """The sandbox of untrusted work: environments by allowlist, resource limits and a network namespace for
-workers, a non-dumpable forge (forge.evaluate.confine has the workers' system-call filter)."""
+workers, a non-dumpable forge (forge.evaluate.confine has the workers' system-call filter,
+forge.evaluate.privilege their unprivileged user)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import re
 import resource
 import sys
 from collections.abc import Callable
+from pathlib import Path
+
+from forge.evaluate.privilege import Drop
+from forge.evaluate.privilege import apply as give_up_root
 
 # What a worker or a compiler may see (issue 13: an allowlist, not a denylist): these names, and names with
 # these prefixes (thread counts and library settings of OpenMP, MKL, OpenBLAS, CUDA and Triton). Anything
@@ -44,11 +49,12 @@ def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 _CLONE_NEWNET = 0x40000000
 
 
-def limits(memory_bytes: int | None, cpu_seconds: int | None, own_network: bool = True) -> Callable[[], None]:
-    """A preexec function for a worker: its own session, an address-space and a CPU-time limit, and (Linux,
-    as root, `own_network`) a network namespace of its own, which has no interface but a loopback that is
-    down: no network at all, sockets or not (the seccomp filter refuses sockets only on the CPU). Where the
-    namespace cannot be made (no privilege, a container without it) the worker runs without."""
+def limits(memory_bytes: int | None, cpu_seconds: int | None, own_network: bool = True,
+           drop: Drop | None = None) -> Callable[[], None]:
+    """A preexec function for a worker: its own session, an address-space and a CPU-time limit, (Linux, as
+    root, `own_network`) a network namespace of its own, which has no interface but a loopback that is
+    down: no network at all, sockets or not; then, with `drop`, root given up (forge.evaluate.privilege).
+    Where the namespace cannot be made (no privilege, a container without it) the worker runs without."""
 
     def apply() -> None:
         os.setsid()  # Ctrl-C in the terminal reaches the parent only
@@ -59,6 +65,8 @@ def limits(memory_bytes: int | None, cpu_seconds: int | None, own_network: bool 
         if cpu_seconds:
             resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if drop is not None:
+            give_up_root(drop)  # last: what needs root is done
 
     return apply
 
@@ -80,3 +88,14 @@ def nondumpable() -> None:
     root to attach. Nothing elsewhere."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def process_uid(pid: int) -> int | None:
+    """The real user id of a process, from /proc (Linux); None where it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -1,0 +1,185 @@
+"""A worker of its own user: started by root, the worker drops to an unprivileged account (issue 13).
+
+Run by root, a worker that a candidate took over could read whatever root reads: forge's own
+`/proc/<pid>/environ` and memory (non-dumpable stops users, not root), keys and other users' files. So when
+forge runs as root, the worker's process gives up root in its preexec, after what needs root is done (the
+network namespace, the resource limits: forge.evaluate.sandbox.limits), before Python even starts:
+- a mount namespace of its own, where `/proc` is mounted again with `hidepid=invisible` (the worker sees its
+  own processes only) and every folder the worker cannot traverse on the way to what it needs (its Python,
+  forge, its own folder: say a virtual environment under /root) is covered by an empty tmpfs in which only
+  what it needs is shown again, read-only. Files of root's elsewhere stay as root made them: unreadable
+  to the worker's user where root made them so;
+- then its groups, group and user (FORGE_WORKER_USER, default `nobody`), and no_new_privs (no setuid
+  program gives root back).
+The built libraries it loads are copied into a folder of the worker's that it can read and not write
+(forge.evaluate.parent.Worker.stage): the build cache is written by forge's process only (its compilers),
+and its files and folders are not writable by the worker's user (forge.evaluate.build).
+Where the account does not exist, or what the worker needs cannot be shown to it (no mount namespace in a
+container without CAP_SYS_ADMIN), the worker runs as forge's user and the parent logs why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import pwd
+import stat
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_USER = "nobody"
+_CLONE_NEWNS = 0x00020000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+@dataclass(frozen=True)
+class Drop:
+    """What a worker's preexec does to give up root: the account, the folders covered by an empty tmpfs
+    (`masks`) and the paths shown again inside them, read-only (`shown`)."""
+
+    uid: int
+    gid: int
+    user: str
+    masks: tuple[str, ...] = ()
+    shown: tuple[str, ...] = ()
+
+
+def account(setting: str | None = None) -> tuple[int, int, str] | None:
+    """The (uid, gid, name) workers run as when forge runs as root: FORGE_WORKER_USER (a user name, `uid` or
+    `uid:gid`; default nobody); None when forge is not root or the setting is `root`. ValueError for an
+    account that does not exist."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return None
+    value = (os.environ.get("FORGE_WORKER_USER", DEFAULT_USER) if setting is None else setting).strip()
+    if value in ("root", "0", "0:0"):
+        return None
+    try:
+        if value.replace(":", "").isdigit():
+            uid, _, gid = value.partition(":")
+            name = _name(int(uid))
+            return int(uid), int(gid) if gid else _gid(int(uid)), name
+        entry = pwd.getpwnam(value or DEFAULT_USER)
+        return entry.pw_uid, entry.pw_gid, entry.pw_name
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"Invalid FORGE_WORKER_USER: {value!r} (no such account: {e})") from e
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _gid(uid: int) -> int:
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid
+
+
+def needed_paths(extra: Iterable[str] = ()) -> list[str]:
+    """What a worker reads to start and run: its interpreter, the prefixes, every folder on sys.path and
+    PYTHONPATH, CUDA's home, LD_LIBRARY_PATH, and `extra` (forge's checkout, the worker's folder)."""
+    found = [sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path,
+             *os.environ.get("PYTHONPATH", "").split(os.pathsep), *os.environ.get("LD_LIBRARY_PATH", "").split(
+                 os.pathsep), os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), *extra]
+    paths = []
+    for p in found:
+        if p and os.path.exists(p):
+            real = os.path.realpath(p)
+            if real not in paths:
+                paths.append(real)
+    return paths
+
+
+def _may(st: os.stat_result, uid: int, gid: int, bits: int) -> bool:
+    """Whether (uid, gid) has `bits` (0o4 read, 0o1 search) on a file, by its owner, group and other bits."""
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid == gid else 0
+    return (st.st_mode >> shift) & bits == bits
+
+
+def plan(uid: int, gid: int, user: str, paths: Iterable[str]) -> Drop | str:
+    """The Drop that shows every path to (uid, gid): each folder it cannot traverse above a path is masked
+    and the path shown again inside; a reason (a string) when a path cannot be shown so."""
+    masks: list[str] = []
+    shown: list[str] = []
+    for path in paths:
+        parts = Path(path).parts
+        blocked = None
+        for i in range(1, len(parts)):
+            above = str(Path(*parts[:i]))
+            if not _may(os.stat(above), uid, gid, 0o1):
+                blocked = above
+                break
+        st = os.stat(path)
+        if not _may(st, uid, gid, 0o5 if stat.S_ISDIR(st.st_mode) else 0o4):
+            return f"{path} is not readable by {user}"
+        if blocked is None:
+            continue
+        if blocked == "/":
+            return f"/ is not searchable by {user}"
+        if not any(_inside(blocked, m) for m in masks):
+            masks = [m for m in masks if not _inside(m, blocked)] + [blocked]
+        shown.append(path)
+    kept = sorted({p for p in shown if not any(q != p and _inside(p, q) for q in shown)})
+    for p in shown:  # a path inside one shown again is reached through that one's own folders
+        outer = next((q for q in kept if _inside(p, q)), p)
+        for i in range(len(Path(outer).parts) + 1, len(Path(p).parts)):
+            if not _may(os.stat(Path(*Path(p).parts[:i])), uid, gid, 0o1):
+                return f"{Path(*Path(p).parts[:i])} is not searchable by {user}"
+    return Drop(uid, gid, user, tuple(sorted(masks)), tuple(kept))
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _enc(s: str | None) -> bytes | None:
+    return s.encode() if s is not None else None
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    if _libc().mount(_enc(source), _enc(target), _enc(fstype), ctypes.c_ulong(flags), _enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def apply(drop: Drop) -> None:
+    """In a worker's preexec, as root: a mount namespace with the masks and shown paths (see the module doc),
+    /proc again with hidepid, then the account and no_new_privs. Raises OSError where a step fails (the
+    parent starts the worker again without the drop)."""
+    if _libc().unshare(_CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing of this namespace reaches forge's
+    try:  # other processes out of sight (best effort: some containers refuse a new procfs)
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=invisible")
+    except OSError:
+        pass
+    fds = [os.open(p, os.O_PATH) for p in drop.shown]  # reached before the masks hide them
+    for m in drop.masks:
+        _mount("tmpfs", m, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
+    for p, fd in zip(drop.shown, fds, strict=True):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(p, mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(p), mode=0o755, exist_ok=True)
+            os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o444))
+        _mount(f"/proc/self/fd/{fd}", p, None, _MS_BIND | _MS_REC)
+        _mount(None, p, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        os.close(fd)
+    os.setgroups([])
+    os.setresgid(drop.gid, drop.gid, drop.gid)
+    os.setresuid(drop.uid, drop.uid, drop.uid)
+    if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")

@@ -1,0 +1,112 @@
+"""The worker's sandbox when forge runs as root (forge.evaluate.privilege): it gives up root, and what it loads
+comes from a folder of its own, never from the build cache, which it cannot write.
+
+Each attack is a real corpus kernel on a real worker without its seccomp filter (the filter would kill it
+first, hiding what the user change does); the control runs it in a worker that kept root and shows the
+attack works there.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from forge.capture.export import capture
+from forge.evaluate.build import build
+from forge.evaluate.evaluator import Evaluator
+from forge.evaluate.parent import Worker
+from forge.evaluate.privilege import DEFAULT_USER, plan
+from forge.kernel import Candidate, Status, TaskSpec
+from forge.tasks.cut import build_tasks
+
+CORPUS = Path(__file__).resolve().parent / "corpus" / "cpu"
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
+                                reason="a worker gives up root only when forge runs as root (Linux)")
+
+
+@pytest.fixture(scope="module")
+def spec() -> TaskSpec:
+    """SiLU over a float32 [257, 1000] tensor (the corpus's task)."""
+    (task,) = build_tasks(capture(torch.nn.SiLU(), [torch.randn(257, 1000)]).graph_module.graph)
+    return TaskSpec.of(task)
+
+
+@pytest.fixture
+def cache() -> Iterator[Path]:
+    """A build cache any user can reach (/tmp, mode 0755): what keeps a worker out is its permissions alone."""
+    folder = Path(tempfile.mkdtemp(prefix="forge-cache-", dir="/tmp"))
+    os.chmod(folder, 0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def judged(spec: TaskSpec, name: str, cache: Path, unprivileged: bool) -> tuple[Status, int | None]:
+    """A corpus kernel's status and the user id of the worker (no seccomp filter) that ran it."""
+    with Evaluator("cpu", timeout_s=30, cache_dir=cache, bench=None) as ev:
+        ev.worker.close()
+        ev.worker = Worker("cpu", confined=False, unprivileged=unprivileged)
+        r = ev.evaluate(spec, Candidate.from_file(CORPUS / f"{name}.cpp"))
+        return r.status, ev.worker.uid
+
+
+def test_a_root_worker_gives_up_root() -> None:
+    nobody = pwd.getpwnam(DEFAULT_USER).pw_uid
+    with Worker("cpu") as w:
+        w.start()
+        assert w.proc is not None and w.privileged == ""
+        status = Path(f"/proc/{w.proc.pid}/status").read_text()
+        assert w.uid == nobody
+        assert "NoNewPrivs:\t1" in status  # no setuid program gives root back
+        assert f"Uid:\t{nobody}\t{nobody}\t{nobody}" in status
+    with Worker("cpu", unprivileged=False) as w:
+        w.start()
+        assert w.uid == 0 and w.privileged
+
+
+def test_a_worker_that_gave_up_root_cannot_read_forges_environment(spec: TaskSpec, cache: Path) -> None:
+    """reads_forge_environ puts whatever it reads of /proc/<forge>/environ into its output."""
+    nobody = pwd.getpwnam(DEFAULT_USER).pw_uid
+    assert judged(spec, "reads_forge_environ", cache, unprivileged=True) == (Status.OK, nobody)
+    status, uid = judged(spec, "reads_forge_environ", cache, unprivileged=False)
+    assert uid == 0 and status in (Status.STALE_RESULT, Status.WRONG_RESULT), status  # root reads it
+
+
+def test_a_worker_cannot_write_the_build_cache(spec: TaskSpec, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """writes_build_cache plants a file in $FORGE_CACHE/builds; the worker loads its library from a copy in
+    a folder of its own, and the cache's folders are forge's user's to write."""
+    monkeypatch.setenv("FORGE_CACHE", str(cache))
+    planted = cache / "builds" / "planted.so"
+    assert judged(spec, "writes_build_cache", cache, unprivileged=True)[0] is Status.OK
+    assert not planted.exists()
+    built = build(Candidate.from_file(CORPUS / "writes_build_cache.cpp"), cache_dir=cache)
+    assert built.cached and oct(Path(built.path).stat().st_mode & 0o777) == oct(0o644)
+    assert oct(Path(built.path).parent.stat().st_mode & 0o777) == oct(0o755)
+    assert judged(spec, "writes_build_cache", cache, unprivileged=False)[0] is Status.OK
+    assert planted.read_bytes() == b"planted"  # the control: a root worker writes it
+
+
+def test_a_folder_the_worker_cannot_traverse_is_masked(tmp_path: Path) -> None:
+    """A path the worker needs under a folder only root may enter (a virtual environment under /root) is
+    shown again inside an empty tmpfs over that folder; one it cannot read is a reason to keep root."""
+    nobody = pwd.getpwnam(DEFAULT_USER)
+    closed = tmp_path / "closed"
+    (closed / "venv").mkdir(parents=True)
+    os.chmod(closed, 0o700)
+    os.chmod(closed / "venv", 0o755)
+    os.chmod(tmp_path, 0o755)
+    drop = plan(nobody.pw_uid, nobody.pw_gid, DEFAULT_USER, [str(closed / "venv")])
+    assert not isinstance(drop, str)
+    assert drop.shown == (str(closed / "venv"),)
+    assert all(str(closed).startswith(m) for m in drop.masks) and drop.masks
+    (closed / "secret").mkdir(mode=0o700)
+    reason = plan(nobody.pw_uid, nobody.pw_gid, DEFAULT_USER, [str(closed / "secret")])
+    assert isinstance(reason, str) and "not readable" in reason

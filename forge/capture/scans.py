@@ -28,6 +28,7 @@ import functools
 import importlib
 import inspect
 import logging
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -152,6 +153,15 @@ def as_ops() -> Iterator[None]:
     finally:
         for module, attr, fn in patched:
             setattr(module, attr, fn)
+
+
+_IMPL = re.compile(rf"torch\.ops\.{NAMESPACE}\.\w+\.default\(.*'([\w.]+)'\)")
+
+
+def libraries(source: str) -> tuple[str, ...]:
+    """The library modules a task's source calls scans of (what a sandboxed worker imports before it confines
+    itself: importing them later needs system calls its filter kills, forge.evaluate.parent)."""
+    return tuple(sorted({m.group(1).rpartition(".")[0] for m in _IMPL.finditer(source)}))
 
 
 def is_scan(target: Any) -> bool:

@@ -22,10 +22,11 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from forge.capture.scans import libraries
 from forge.evaluate.arena import Arena
 from forge.evaluate.judge import evaluate
 from forge.evaluate.sandbox import limits, network_namespace, nondumpable, scrubbed_env
-from forge.evaluate.steps import EvalRequest, Reply, decode, valid_reply
+from forge.evaluate.steps import EvalRequest, Load, Reply, decode, valid_reply
 from forge.kernel import EvalResult, Status
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class Worker:
         self.memory_bytes = memory_bytes
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
+        self.preload: tuple[str, ...] = ()  # libraries the worker imports before it confines itself
         self.restarts = 0
         self.last_exit: int | None = None  # the exit code (-signal) of the last worker that died in a step
         self._dir = tempfile.TemporaryDirectory(prefix="forge-worker-")
@@ -135,7 +137,7 @@ class Worker:
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
         self.proc = subprocess.Popen(
             [sys.executable, *self.program, str(req_r), str(res_w), dev,
-             *(["confine"] if self.confined else [])],
+             *(["confine"] if self.confined else []), *([f"preload={','.join(self.preload)}"] if self.preload else [])],
             pass_fds=(req_r, res_w) + ((self.arena.fd,) if self.arena.fd >= 0 else ()),  # the CPU arena's memfd
             env=scrubbed_env(extra), cwd=self._dir.name, stdin=subprocess.DEVNULL,
             stdout=self.logf, stderr=subprocess.STDOUT,
@@ -194,6 +196,8 @@ class Worker:
         start = time.perf_counter()
         if self.proc is not None and self._memfd != self.arena.memfds:  # the arena got a new memfd (shrunk)
             self._stop()
+        if isinstance(msg, Load):
+            self._needs(libraries(msg.task.source))
         if self.proc is None or self.proc.poll() is not None:
             self._stop()
             try:
@@ -232,6 +236,14 @@ class Worker:
         if self.proc.poll() is not None or reply.fatal:
             self._restart()
         return reply
+
+    def _needs(self, modules: tuple[str, ...]) -> None:
+        """A confined worker that has not imported these libraries (a scan's, forge.capture.scans) is stopped, so that
+        the next one imports them before its filter (forge.evaluate.child)."""
+        missing = [m for m in modules if m not in self.preload]
+        if self.confined and missing:
+            self.preload = (*self.preload, *missing)
+            self._stop()
 
     def _restart(self) -> None:
         """Stop the worker; the next request starts a new one."""

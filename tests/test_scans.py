@@ -127,3 +127,16 @@ def test_calls_the_op_does_not_cover_go_to_the_library():
     assert sum(is_scan(t) for t in graph_targets(cap)) == 1
     with torch.no_grad():
         torch.testing.assert_close(cap.graph_module(*cap.flat_args([q, k, v, g, beta]))[0], Rule()(q, k, v, g, beta))
+
+
+def test_only_the_functions_forge_routes_are_called_back_by_name():
+    """The op's last argument names the library function it runs (and a confined worker imports its module before
+    its filter): a name forge never routes is refused, not imported."""
+    from forge.capture.scans import libraries, library_function
+
+    assert library_function(RULE) is lib_rule()
+    with pytest.raises(ValueError, match="Invalid scan function"):
+        library_function("os.system")
+    call = "v0 = torch.ops.forge_scan.chunk_gated_delta_rule.default(in0, in1, in2, in3, in4, None, 64, True, '{}')"
+    assert libraries(call.format(RULE)) == ("transformers.models.qwen3_5.modeling_qwen3_5",)
+    assert libraries(call.format("os.path.join")) == ()

@@ -49,10 +49,15 @@ PACKED = ("cu_seqlens", "seq_idx")  # keyword arguments of packed sequences, whi
 _ORIGINAL = "__forge_original__"  # on a routed function: the library's own
 
 
+LIBRARY = "transformers."  # the package whose modules' functions forge routes (as_ops) and calls back by name
+
+
 def library_function(impl: str) -> Callable[..., Any]:
     """The library function `impl` ("module.attribute") names, as the model's forward calls it (decorators
-    and all), also while forge's routing is in place."""
+    and all), also while forge's routing is in place; ValueError for a name forge never routes."""
     module, _, name = impl.rpartition(".")
+    if not module.startswith(LIBRARY) or name not in FUNCTIONS:
+        raise ValueError(f"Invalid scan function: {impl!r}")
     fn = getattr(importlib.import_module(module), name)
     return getattr(fn, _ORIGINAL, fn)
 
@@ -140,7 +145,7 @@ def as_ops() -> Iterator[None]:
     op (module doc); the library's functions are put back after."""
     patched: list[tuple[Any, str, Any]] = []
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == "transformers" or name.startswith("transformers.")):
+        if module is None or not name.startswith(LIBRARY):
             continue
         for attr in FUNCTIONS:
             fn = vars(module).get(attr)
@@ -161,7 +166,8 @@ _IMPL = re.compile(rf"torch\.ops\.{NAMESPACE}\.\w+\.default\(.*'([\w.]+)'\)")
 def libraries(source: str) -> tuple[str, ...]:
     """The library modules a task's source calls scans of (what a sandboxed worker imports before it confines
     itself: importing them later needs system calls its filter kills, forge.evaluate.parent)."""
-    return tuple(sorted({m.group(1).rpartition(".")[0] for m in _IMPL.finditer(source)}))
+    return tuple(sorted({m.group(1).rpartition(".")[0] for m in _IMPL.finditer(source)
+                         if m.group(1).startswith(LIBRARY)}))
 
 
 def is_scan(target: Any) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -70,6 +72,27 @@ def test_scan_kernels_verify_in_the_confined_worker_and_beat_eager(evaluator):
         res = evaluator.evaluate(spec, scan.candidate(scan.lower(spec), knobs))
         assert res.status.value == "ok", (spec.key, knobs, res.message, res.build_log[-400:])
         assert res.timing is not None and res.baseline is not None
+
+
+# Wrong kernels the verification must reject: each is the recipe's kernel with one step of the rule left out.
+WRONG = {
+    "the state not decayed between chunks": ("decay = expf(last)", "decay = 1.0f"),
+    "beta left out of the chunk's triangular system": ("A[i][j] = (sa * bt[i]) * e;", "A[i][j] = sa * e;"),
+    "k not L2-normalised": ("rk = 1.0f / sqrtf(sk + 1e-6f)", "rk = 1.0f"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("why", sorted(WRONG))
+def test_a_scan_kernel_that_leaves_out_a_step_is_rejected_against_the_library(evaluator, why):
+    """Verification compares the kernel with the library's function (the task's reference) on inputs in the
+    rule's domain: a kernel missing one step of the recurrence fails it, where the recipe's own passes."""
+    spec = rule_spec()
+    cand = scan.candidate(scan.lower(spec), scan.ScanKnobs())
+    old, new = WRONG[why]
+    assert cand.source.count(old) == 1
+    res = evaluator.evaluate(spec, replace(cand, source=cand.source.replace(old, new)))
+    assert res.status.value in ("wrong_result", "low_precision"), (why, res.status, res.message)
 
 
 def test_tasks_that_are_not_a_scan_are_not_mine_and_gpus_get_no_scan_recipe():

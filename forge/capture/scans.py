@@ -170,6 +170,11 @@ def libraries(source: str) -> tuple[str, ...]:
                          if m.group(1).startswith(LIBRARY)}))
 
 
+def calls_scan(source: str) -> bool:
+    """True for a task's source that calls a scan op (its reference runs the library's function through forge)."""
+    return f"torch.ops.{NAMESPACE}." in source
+
+
 def is_scan(target: Any) -> bool:
     """True for a call of a scan op (an OpOverload of NAMESPACE)."""
     return isinstance(target, torch._ops.OpOverload) and target.namespace == NAMESPACE

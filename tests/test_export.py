@@ -286,3 +286,56 @@ def test_a_cpu_kernel_runs_only_where_the_cpu_has_the_flags_it_was_built_with(ex
     assert entries and all(set(e["cpu_flags"]) == set(cpu_flags()) and e["cpu_flags"] for e in entries)
     other = {**entries[0], "platform": _PLATFORM, "cpu_flags": [*entries[0]["cpu_flags"], "avx10_9_future"]}
     assert not Form(tmp_path, "ns", other).available  # another CPU's -march=native: the reference runs
+
+
+SCAN_MODEL = '''
+import torch
+from transformers.models.qwen3_5 import modeling_qwen3_5 as lib
+
+
+class Model(torch.nn.Module):
+    def forward(self, q, k, v, g, beta):
+        out = lib.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]
+        return torch.nn.functional.silu(out)
+
+
+def get_inputs():
+    q, k, v = (torch.randn(1, 80, 2, 16) for _ in range(3))
+    return [q, k, v, -torch.rand(1, 80, 2), torch.rand(1, 80, 2)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_scan_kernel_is_left_out_of_the_export_and_said_so(tmp_path, capsys):
+    """A scan's reference calls the model's library through forge's op (forge.capture.scans): the package, which
+    needs torch alone, gets the run's other kernels, and the command names the scan's on stderr."""
+    pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    from forge.policy.recipes import scan
+
+    model_file = tmp_path / "scan_model.py"
+    model_file.write_text(SCAN_MODEL)
+    loaded = load_file(model_file, eval=True)
+    arts = _kernels(loaded.model, loaded.inputs)
+    (task,) = [t for t in build_tasks(capture(loaded.model, loaded.inputs).graph_module.graph) if t.family == "scan"]
+    c = scan.candidate(scan.lower(TaskSpec.of(task)), scan.ScanKnobs())
+    b = build(c)
+    assert b.ok and arts, b.log
+    arts.append(KernelArtifact(task.key, "cpu", b.path, c.entry, task.inputs, task.outputs, task.source, c.source))
+    store = Store(tmp_path / "forge.db")
+    rec = store.create_run(loaded.name, device="cpu", dtype="fp32", policy="recipes",
+                           config={"load": {"file": str(model_file), "zoo": None, "sizes": {}}, "mode": "eval"})
+    artifact.save(tmp_path / rec.id, arts, {"run_id": rec.id, "model": loaded.name, "device": "cpu", "dtype": "fp32",
+                                           "device_model": artifact.device_model("cpu"), "layout": "", "mode": "eval"})
+    store.update_run(rec.id, state="done", config={**rec.config, "artifact": str(tmp_path / rec.id)})
+    out = tmp_path / "repo"
+    capsys.readouterr()
+    assert main(["export", rec.id, str(out), "--format", "hf-kernels", "--db", str(tmp_path / "forge.db")]) == 0
+    err = capsys.readouterr().err
+    assert f"left out the scan kernels {task.key}" in err
+    manifest = json.loads(next(out.glob("torch-ext/*/kernels.json")).read_text())
+    text = json.dumps(manifest)
+    assert task.key not in text and "silu" in text
+    assert not any("forge_scan" in p.read_text() for p in out.rglob("references/*.py"))

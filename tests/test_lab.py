@@ -82,7 +82,8 @@ def test_pictures_decode(kind):
 
 
 def test_lowering_finds_recipe_kernels_or_says_why():
-    for slug, forge in (("gelu", True), ("layer-norm-rows", True), ("matmul", False), ("rfft", False)):
+    for slug, forge in (("gelu", True), ("layer-norm-rows", True), ("matmul", False), ("rfft", False),
+                        ("chunked-decay-sum", False)):
         e = entry(slug)
         s = default_settings(e)
         low = lower(e.fn, make(e.inputs, s), s.param, "cpu")

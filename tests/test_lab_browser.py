@@ -1,4 +1,4 @@
-"""forge lab in a real browser (Playwright driving Debian's chromium): a kernel of each of the 14 families
+"""forge lab in a real browser (Playwright driving Debian's chromium): a kernel of each of the 15 families
 opened from the gallery, run on the device (CPU here) through `forge lab`'s real server and worker, its
 picture and numbers shown; bad input shows its message and the page runs again after.
 
@@ -26,7 +26,8 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright pac
 ONE_PER_FAMILY = {"arithmetic": "sin", "activation": "gelu", "convolution/pooling": "sobel", "matmul": "matmul",
                   "normalization": "group-norm-3", "attention": "scaled-masked-softmax",
                   "quantization": "to-bfloat16", "reduction": "sum-rows", "logic": "greater", "shape": "transpose",
-                  "resize/sampling": "bilinear-up", "signal": "rfft", "sequence/control": "cumsum", "other": "lerp"}
+                  "resize/sampling": "bilinear-up", "signal": "rfft", "sequence/control": "cumsum",
+                  "scan": "chunked-decay-sum", "other": "lerp"}
 FORGE = {"sin", "gelu", "group-norm-3", "scaled-masked-softmax", "to-bfloat16", "sum-rows", "greater",
          "transpose", "lerp"}
 
@@ -78,7 +79,7 @@ def page(lab):
         b.close()
 
 
-def test_one_per_family_covers_all_14():
+def test_one_per_family_covers_all_15():
     assert set(ONE_PER_FAMILY) == set(TITLES)
     assert all(entry(s).family == f for f, s in ONE_PER_FAMILY.items())
 

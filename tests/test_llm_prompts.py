@@ -287,3 +287,29 @@ def test_ideas_cost_nothing_until_chosen(spec):
     assert all(isinstance(i, Idea) for i in ideas)
     assert all(pol._nodes[i.id].request is not None for i in ideas)  # built, not sent
     pol.close()
+
+
+def test_a_scan_tasks_prompt_shows_the_librarys_loop_and_the_inputs_domains():
+    """A scan (forge.capture.scans) is one op in its source: the prompt shows the library function it runs, the loop
+    the kernel replaces, and the domain verification draws the decay and the rates in."""
+    lib = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    from forge.capture.export import capture
+    from forge.tasks.cut import build_tasks
+
+    class Rule(torch.nn.Module):
+        def forward(self, q, k, v, g, beta):
+            return lib.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]
+
+    q, k, v = (torch.randn(1, 80, 2, 16) for _ in range(3))
+    tasks = build_tasks(capture(Rule(), [q, k, v, -torch.rand(1, 80, 2), torch.rand(1, 80, 2)]).graph_module.graph)
+    spec = TaskSpec.of(next(t for t in tasks if t.family == "scan"))
+    pol = _policy()
+    idea = pol.propose(spec, None)[0]
+    text = pol._prompt(spec, "first", None, 0, pol._nodes[idea.id]).text
+    assert "a loop of the model's library (a scan over chunks)" in text and "torch.ops.forge_scan." in text
+    assert "def torch_chunk_gated_delta_rule(" in text and "for i in range(num_chunks):" in text
+    assert "whose forward is" not in text and spec.module in text
+    assert "`in[3]`: float32, shape [1, 80, 2], strides [160, 2, 1], random <= 0 (a log decay)" in text
+    assert "`in[4]`: float32, shape [1, 80, 2], strides [160, 2, 1], random in [0, 1] (a rate)" in text
+    assert "`in[0]`: float32, shape [1, 80, 2, 16], strides [2560, 32, 16, 1], random" in text
+    pol.close()

@@ -22,6 +22,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from forge.capture.libraries import as_eager
+from forge.capture.scans import as_ops
 from forge.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,8 @@ def capture(model: torch.nn.Module, inputs: list[Any]) -> Capture:
     """Export `model` on `inputs` (real or meta tensors) to a decomposed ATen graph."""
     start = time.perf_counter()
     try:
-        with torch.no_grad(), as_eager():  # the graph of what eager runs (forge.capture.libraries)
+        # the graph of what eager runs (forge.capture.libraries), library loops as one op each (forge.capture.scans)
+        with torch.no_grad(), as_eager(), as_ops():
             ep = torch.export.export(model, tuple(inputs), strict=False)
             ep = ep.run_decompositions(decomposition_table())
     except Exception as e:  # torch.export raises many kinds; the user needs the first line

@@ -164,6 +164,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     terminal.console().print(f"exported {len(res.kernels)} kernels of run {run.id} to {res.folder} "
                              f"({', '.join(res.variants)}); layers: {', '.join(res.layers) or 'none'}")
+    if res.left_out:
+        print(f"forge export: left out the scan kernels {', '.join(res.left_out)} (their reference calls the model's "
+              "library through forge; a package needs torch alone)", file=sys.stderr)
     return 0
 
 

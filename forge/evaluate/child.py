@@ -15,6 +15,7 @@ with a seccomp filter before its first message (forge.evaluate.confine).
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from forge.bench import Clock, interleaved
 from forge.evaluate.arena import Mapped
 from forge.evaluate.confine import available as confine_available
 from forge.evaluate.confine import confine
+from forge.evaluate.domains import input_domains
 from forge.evaluate.launch import ForbiddenTorch, Launcher, LaunchError, call_on
 from forge.evaluate.sandbox import nondumpable
 from forge.evaluate.spotcheck import SpotCheck
@@ -89,7 +91,7 @@ def _time(msg: Time, st: _State) -> Reply:
         inputs = mapped.views(msg.inputs)
         # Every timed call into fresh outputs (a fair clock, as eager and the dispatcher have), on inputs
         # perturbed before each round; random calls kept for the judge (forge.evaluate.spotcheck).
-        spot = SpotCheck(inputs, task.outputs, msg.batch or msg.bench.min_runs, st.device)
+        spot = SpotCheck(inputs, task.outputs, msg.batch or msg.bench.min_runs, st.device, input_domains(task.source))
         spot.limit = min(spot.limit, len(msg.kept))
         cand = spot.wrap(call_on(st.launcher, task.inputs, task.outputs))
         timing = baseline = None
@@ -129,13 +131,24 @@ def handle(msg: Load | Call | Time, st: _State) -> Reply:
         return Reply(Status.LAUNCH_ERROR, f"{type(e).__name__}: {str(e)[:500]}")
 
 
+def _preload(modules: list[str]) -> None:
+    """Import the libraries whose functions the tasks' references call (a scan's, forge.capture.scans), before
+    the filter: importing one later takes system calls it kills (glibc's user lookup opens a socket)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # the reference then fails on its own, as a reference error
+            print(f"forge worker: could not import {name}: {type(e).__name__}: {e}", flush=True)
+
+
 def main(argv: list[str]) -> int:
-    """Serve steps until the parent closes the pipe. argv: FD_IN FD_OUT DEVICE [confine] [private]: with
-    `confine`, the worker installs forge.evaluate.confine's seccomp filter on itself before the first step,
-    once everything it needs is imported and initialised, and tells the parent whether it could ("ready",
-    reason or ""); with `private` (a worker that gave up root), it makes itself non-dumpable first, so that
-    other processes of its user (other workers) cannot read its memory."""
+    """Serve steps until the parent closes the pipe. argv: FD_IN FD_OUT DEVICE [confine] [private] [preload=M1,M2]:
+    with `confine`, the worker installs forge.evaluate.confine's seccomp filter on itself before the first step,
+    once everything it needs is imported (the modules of `preload` too) and initialised, and tells the parent
+    whether it could ("ready", reason or ""); with `private` (a worker that gave up root), it makes itself
+    non-dumpable first, so that other processes of its user (other workers) cannot read its memory."""
     fd_in, fd_out, device = int(argv[0]), int(argv[1]), argv[2]
+    _preload([m for a in argv[3:] if a.startswith("preload=") for m in a.removeprefix("preload=").split(",") if m])
     conn_in, conn_out = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
     if "private" in argv[3:]:
         nondumpable()

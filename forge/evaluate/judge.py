@@ -221,7 +221,7 @@ def _inputs(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: i
     """Timing inputs (set 0 of `seed * 1000 + 7`) placed and filled, the extra buffers, and this
     process's own copy of the inputs."""
     gen = generator(device, seed * 1000 + 7)
-    flats = [make_flat(m, 0, gen, device, j in ref.signed) for j, m in enumerate(task.inputs)]
+    flats = [make_flat(m, 0, gen, device, j in ref.signed, ref.domains.get(j, "")) for j, m in enumerate(task.inputs)]
     placed, bufs = remote.place(task.inputs, extra)
     for view, flat in zip(placed, flats, strict=True):
         fill(view, flat)
@@ -240,7 +240,7 @@ def _skips_repeats(remote: Remote, ref: Reference, task: TaskSpec, device: str, 
     remote.call(placed, outputs)
     first = [o.clone() for o in outputs]
     gen = generator(device, seed * 1000 + 8)
-    flats = [make_flat(m, 1, gen, device, j in ref.signed) for j, m in enumerate(task.inputs)]
+    flats = [make_flat(m, 1, gen, device, j in ref.signed, ref.domains.get(j, "")) for j, m in enumerate(task.inputs)]
     for view, flat in zip(placed, flats, strict=True):
         fill(view, flat)
     scramble = generator(device, _SYSTEM.getrandbits(63))

@@ -38,8 +38,9 @@ def measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConfi
     key = (device, task.source + repr(task.inputs))
     if again or key not in _HERE.tasks:
         gen = generator(device, _SYSTEM.getrandbits(40))
-        inputs = [make_input(m, 0, gen, device, j in ref.signed) for j, m in enumerate(task.inputs)]
-        spot = SpotCheck(inputs, task.outputs, bench.min_runs, device)
+        inputs = [make_input(m, 0, gen, device, j in ref.signed, ref.domains.get(j, ""))
+                  for j, m in enumerate(task.inputs)]
+        spot = SpotCheck(inputs, task.outputs, bench.min_runs, device, ref.domains)
         with torch.no_grad():
             (eager,) = interleaved(clock(device), [lambda: ref.eager(*inputs)],
                                    replace(bench, budget_s=min(bench.budget_s, 0.2)), spot.prepare)

@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from forge.backends import BACKENDS
+from forge.capture.scans import libraries
 from forge.evaluate.arena import Arena
 from forge.evaluate.judge import evaluate
 from forge.evaluate.privilege import Drop, account, needed_paths, plan
@@ -109,6 +110,7 @@ class Worker:
         self.memory_bytes = memory_bytes
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
+        self.preload: tuple[str, ...] = ()  # libraries the worker imports before it confines itself
         self.restarts = 0
         self.last_exit: int | None = None  # the exit code (-signal) of the last worker that died in a step
         self._dir = tempfile.TemporaryDirectory(prefix="forge-worker-")
@@ -171,7 +173,8 @@ class Worker:
             if self.confined:  # no compute cache to create (an O_CREAT the filter kills): no PTX is JIT-compiled
                 extra["CUDA_CACHE_DISABLE"] = "1"
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
-        flags = [*(["confine"] if self.confined else []), *(["private"] if self.drop else [])]
+        flags = [*(["confine"] if self.confined else []), *(["private"] if self.drop else []),
+                 *([f"preload={','.join(self.preload)}"] if self.preload else [])]
         try:
             self.proc = self._popen([*self.program, str(req_r), str(res_w), dev, *flags], req_r, res_w, extra)
         except subprocess.SubprocessError as e:  # the drop failed in the preexec: as forge's user, said so
@@ -256,6 +259,8 @@ class Worker:
         start = time.perf_counter()
         if self.proc is not None and self._memfd != self.arena.memfds:  # the arena got a new memfd (shrunk)
             self._stop()
+        if isinstance(msg, Load):
+            self._needs(libraries(msg.task.source))
         if self.proc is None or self.proc.poll() is not None:
             self._stop()
             try:
@@ -310,6 +315,14 @@ class Worker:
         if self.proc.poll() is not None or reply.fatal:
             self._restart()
         return reply
+
+    def _needs(self, modules: tuple[str, ...]) -> None:
+        """A confined worker that has not imported these libraries (a scan's, forge.capture.scans) is stopped, so that
+        the next one imports them before its filter (forge.evaluate.child)."""
+        missing = [m for m in modules if m not in self.preload]
+        if self.confined and missing:
+            self.preload = (*self.preload, *missing)
+            self._stop()
 
     def _restart(self) -> None:
         """Stop the worker; the next request starts a new one."""

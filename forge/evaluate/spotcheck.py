@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from forge.capture.export import TensorMeta, empty_output
+from forge.evaluate.domains import into
 
 _SYSTEM = random.SystemRandom()
 PERTURBED = 8  # input elements changed before every round
@@ -34,16 +35,17 @@ class SpotCheck:
     """Perturbs the inputs before each round and keeps the outputs of random calls (see the module doc)."""
 
     def __init__(self, inputs: list[torch.Tensor], outputs: tuple[TensorMeta, ...], sure_rounds: int,
-                 device: str) -> None:
+                 device: str, domains: dict[int, str] | None = None) -> None:
         """`sure_rounds`: how many timed rounds the timing makes at least (the first kept calls are among
-        them)."""
+        them); `domains`: the inputs whose new values stay in a domain (forge.evaluate.domains)."""
         self.inputs, self.outputs, self.device = inputs, outputs, device
         self.limit = kept_limit(tuple(TensorMeta.of(x) for x in inputs), outputs)
         rounds = max(sure_rounds, 1)
         self.sure = set(_SYSTEM.sample(range(rounds), min(SURE, self.limit, rounds)))
         gen = torch.Generator(device="cuda" if device.startswith("cuda") else "cpu")
         gen.manual_seed(_SYSTEM.getrandbits(63))
-        self._plans = [p for p in (_Perturbation(x, gen) for x in inputs) if p.flat is not None]
+        self._plans = [p for p in (_Perturbation(x, gen, (domains or {}).get(j, "")) for j, x in enumerate(inputs))
+                       if p.flat is not None]
         self._turn = 0
         self.round = -1
         self.pending: list[torch.Tensor] | None = None
@@ -98,8 +100,9 @@ class _Perturbation:
     rounds' positions and values drawn at once, so that a round costs one indexed write an input (a few
     microseconds of launch on a GPU, not a dozen small kernels), anew every TURNS rounds."""
 
-    def __init__(self, x: torch.Tensor, gen: torch.Generator) -> None:
+    def __init__(self, x: torch.Tensor, gen: torch.Generator, domain: str = "") -> None:
         self.flat: torch.Tensor | None = None
+        self.domain = domain
         span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) if x.numel() else 0
         if not x.is_floating_point() or x.numel() == 0 or x.dim() == 0 or span != x.numel():
             return  # an integer input, or one whose elements share memory (expanded): left as it is
@@ -110,7 +113,8 @@ class _Perturbation:
         assert self.flat is not None
         dev, x = self.gen.device, self.flat
         self.index = torch.randint(0, self.span, (TURNS, PERTURBED), generator=self.gen, device=dev).to(x.device)
-        self.values = torch.randn(TURNS, PERTURBED, generator=self.gen, device=dev).to(x.device, x.dtype)
+        values = into(torch.randn(TURNS, PERTURBED, generator=self.gen, device=dev), self.domain)
+        self.values = values.to(x.device, x.dtype)
 
     def apply(self, turn: int) -> None:
         assert self.flat is not None

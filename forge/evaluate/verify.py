@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from forge.capture.export import TensorMeta, output_view
+from forge.evaluate.domains import input_domains, into
 from forge.evaluate.integers import integers, signed_inputs
 from forge.evaluate.verdicts import Verdict, judge_output, judged
 from forge.kernel import Status
@@ -124,15 +125,17 @@ def _signed(value: int, dtype: torch.dtype) -> int:
     return value - (1 << width) if value >= 1 << (width - 1) else value
 
 
-def make_input(meta: TensorMeta, k: int, gen: torch.Generator, device: str, signed: bool = False
-               ) -> torch.Tensor:
+def make_input(meta: TensorMeta, k: int, gen: torch.Generator, device: str, signed: bool = False,
+               domain: str = "") -> torch.Tensor:
     """Input set k for one tensor, with the meta's shape, dtype and stride: random and never zero for the
     sets of SCALES, the hard values (`_hard`) for the last of the SETS; integers as
-    forge.evaluate.integers draws them (`signed`: the input may be negative, `Reference.signed`)."""
-    return make_flat(meta, k, gen, device, signed).as_strided(meta.shape, meta.stride)
+    forge.evaluate.integers draws them (`signed`: the input may be negative, `Reference.signed`); floats mapped
+    into the input's `domain` where it has one (forge.evaluate.domains, `Reference.domains`)."""
+    return make_flat(meta, k, gen, device, signed, domain).as_strided(meta.shape, meta.stride)
 
 
-def make_flat(meta: TensorMeta, k: int, gen: torch.Generator, device: str, signed: bool = False) -> torch.Tensor:
+def make_flat(meta: TensorMeta, k: int, gen: torch.Generator, device: str, signed: bool = False,
+              domain: str = "") -> torch.Tensor:
     """The storage of `make_input`'s tensor: every element its strides reach, in order."""
     span = 1 + sum((s - 1) * st for s, st in zip(meta.shape, meta.stride, strict=True)) if meta.numel else 0
     dtype = meta.torch_dtype
@@ -145,6 +148,7 @@ def make_flat(meta: TensorMeta, k: int, gen: torch.Generator, device: str, signe
             scale, shift = SCALES[k % SETS]
             flat = torch.randn(span, generator=gen, dtype=wide, device=dev) * scale + shift
             flat = torch.where(flat.to(dtype) == 0, torch.full_like(flat, 0.5), flat)
+        flat = into(flat, domain)
     elif dtype == torch.bool:
         flat = torch.randint(0, 2, (span,), generator=gen, device=dev).bool()
     else:
@@ -198,6 +202,7 @@ class Reference:
         self.eager = compile_source(source)
         self.high = compile_source(_promote_source(source))
         self.signed = signed_inputs(source)  # the inputs that may hold negative integers
+        self.domains = input_domains(source)  # the inputs drawn in a domain (a scan's log decay, its rates)
 
     def __call__(self, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         with torch.no_grad():
@@ -258,7 +263,8 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
     ref_prev: list[tuple[torch.Tensor, torch.Tensor]] = []  # the previous set's eager outputs, judged masks
     for k in range(sets):
         gen = generator(device, seed * 1000 + k)
-        flats = [make_flat(m, k, gen, device, j in ref.signed) for j, m in enumerate(inputs_meta)]
+        flats = [make_flat(m, k, gen, device, j in ref.signed, ref.domains.get(j, ""))
+                 for j, m in enumerate(inputs_meta)]
         mine = [f.as_strided(m.shape, m.stride) for f, m in zip(flats, inputs_meta, strict=True)]  # never shared
         eager, high = ref(mine)
         inputs, bufs = target.place(inputs_meta, [(Guarded.size(m), m.torch_dtype) for m in outputs_meta])

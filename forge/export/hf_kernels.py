@@ -18,6 +18,9 @@ Python, to `torch-universal`. CPU kernels go to `torch-universal` too: the kerne
 the torch build, CUDA for a CUDA wheel even on a machine without a GPU (the default Linux wheel), and there it
 takes no `cpu` variant; in the universal package a native kernel runs only on the machine and OS it was built for
 (kernels.json's `platform`), its reference elsewhere. The libraries are the artifact's, checked against its hashes.
+
+A scan's kernel (forge.capture.scans) is left out and said so: its reference calls the model's library through forge's
+op, and an exported package needs torch alone.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 
 from forge.backends import BACKENDS, TRITON
 from forge.capture.layout import capture_in
+from forge.capture.scans import calls_scan
 from forge.errors import UserError
 from forge.export import render
 from forge.export.align import LayerSpec, layers
@@ -59,6 +63,7 @@ class ExportResult:
     kernels: tuple[str, ...]
     layers: tuple[str, ...]
     variants: tuple[str, ...]
+    left_out: tuple[str, ...] = ()  # the keys of the run's scan kernels, which export does not write
 
 
 def variants_of(backend: str) -> tuple[str, ...]:
@@ -173,6 +178,11 @@ def export(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any], fo
     if name is not None and not re.fullmatch(r"[a-z][a-z0-9-]{0,63}", name):
         raise UserError(f"Invalid --name: {name!r} (lowercase letters, digits and '-', starting with a letter)")
     info, data, kernels = kernels_of(store, ref, model, inputs)
+    left_out = tuple(k.key for k in kernels if calls_scan(k.source))
+    kernels = [k for k in kernels if k.key not in left_out]
+    if not kernels:
+        raise UserError(f"run {info['run_id']}'s kernels are all scans, which export does not write (their reference "
+                        "calls the model's library through forge; a package needs torch alone)")
     name = name or re.sub(r"[^a-z0-9-]+", "-", f"forge-{info['run_id']}".lower()).strip("-")
     pyname = name.replace("-", "_")
     digest = hashlib.sha256(b"".join(Path(k.path).read_bytes() + k.kernel_source.encode() for k in kernels))
@@ -210,7 +220,7 @@ def export(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any], fo
     (root / "build.toml").write_text(render.build_toml(name, [e for _, e in pairs], backends))
     (root / "README.md").write_text(render.card(name, {**data, **info}, [e for _, e in pairs], specs,
                                                 sorted(by_variant)))
-    return ExportResult(root, name, tuple(names.values()), tuple(sorted(specs)), tuple(sorted(by_variant)))
+    return ExportResult(root, name, tuple(names.values()), tuple(sorted(specs)), tuple(sorted(by_variant)), left_out)
 
 
 def names_of(k: KernelArtifact, pairs: list[tuple[KernelArtifact, render.Exported]]) -> render.Exported:

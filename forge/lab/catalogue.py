@@ -1,5 +1,5 @@
 """The lab's catalogue: what an entry is (a function of tensors, the kind of inputs it runs on, the picture
-that shows what it does), the 14 families, and lookups. The entries themselves are in forge.lab.entries.
+that shows what it does), the 15 families, and lookups. The entries themselves are in forge.lab.entries.
 
 An entry is forge-generated when its function captures to one task that the recipe policy writes a kernel
 for; otherwise it runs through the vendor (eager PyTorch) path and says so. Which one is found by
@@ -29,6 +29,7 @@ TITLES: dict[str, str] = {
     "resize/sampling": "resizing & sampling",
     "signal": "signal (DFT/STFT)",
     "sequence/control": "sequence & control",
+    "scan": "scans & recurrences",
     "other": "other",
 }
 assert tuple(TITLES) == FAMILIES

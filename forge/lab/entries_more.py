@@ -195,6 +195,25 @@ _SEQ = [
           _u(lambda x: F.avg_pool1d(x[None, None], 9, 1, 4)[0, 0]), "series"),
 ]
 
+
+
+def _chunked_decay_sum(x: torch.Tensor, chunks: int = 8) -> torch.Tensor:
+    """A running sum that halves at each chunk boundary, walked chunk by chunk in Python as chunked scans are (the
+    gated delta rule's loop, forge.capture.scans): export unrolls it, so it is several tasks, not one."""
+    state, out = x.new_zeros(()), []
+    for part in x.tensor_split(chunks):
+        if part.numel():
+            local = torch.cumsum(part, 0) + state
+            out.append(local)
+            state = 0.5 * local[-1]
+    return torch.cat(out)
+
+
+_SCAN = [
+    Entry("chunked-decay-sum", "scan", "running sum halved at each of 8 chunks (a loop over chunks)",
+          _u(_chunked_decay_sum), "series"),
+]
+
 _OTHER = [
     Entry("nan-to-num", "other", "log(x) with -inf replaced (nan_to_num)",
           _u(lambda x: torch.nan_to_num(torch.log(x), neginf=-5.0)), "curve", lo=-1, hi=4),
@@ -210,4 +229,4 @@ _OTHER = [
         x, torch.linspace(-2, 2, 7)).float()), "series"),
 ]
 
-MORE: list[Entry] = _ATTN + _QUANT + _CONV + _MATMUL + _SHAPE + _RESIZE + _SIGNAL + _SEQ + _OTHER
+MORE: list[Entry] = _ATTN + _QUANT + _CONV + _MATMUL + _SHAPE + _RESIZE + _SIGNAL + _SEQ + _SCAN + _OTHER

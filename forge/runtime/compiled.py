@@ -27,6 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from forge.bench import BenchConfig, Clock, interleaved
+from forge.evaluate.domains import input_domains
 from forge.evaluate.verify import generator, make_input
 from forge.kernel import KernelArtifact
 from forge.runtime.dispatch import GuardedKernel, OptimizedModule, apply
@@ -59,7 +60,8 @@ def against_inductor(kernels: list[KernelArtifact], device: str, mode: str | Non
             raise ValueError(f"kernel {k.key} has no reference source: read the artifact with the model "
                              "(forge.runtime.artifact.read(path, model, inputs))")
         gen = generator(device, 1000 + i)
-        xs = [make_input(m, 0, gen, device) for m in k.inputs]
+        domains = input_domains(k.source)  # a scan's decay and rates in the rule's domain, as verified
+        xs = [make_input(m, 0, gen, device, domain=domains.get(j, "")) for j, m in enumerate(k.inputs)]
         ours = GuardedKernel(k, strict=True)
         theirs = torch.compile(compile_source(k.source), mode=mode, dynamic=False)
         try:

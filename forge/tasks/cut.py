@@ -20,8 +20,9 @@ import torch
 import torch.fx
 
 from forge.capture.export import TensorMeta, node_meta
+from forge.capture.scans import IMPORT, is_scan
 from forge.tasks.ops import Kind, family_of_region, kind_of, op_name, qualified_name
-from forge.tasks.origin import origin
+from forge.tasks.origin import origin, scan_origin
 from forge.tasks.regions import cut, is_noop
 
 SOURCE_HEADER = "import operator\n\nimport torch\n\naten = torch.ops.aten\n"
@@ -225,8 +226,9 @@ def region_source(region: list[torch.fx.Node]) -> Rendered:
         first = "in0.device if device is None else device" if ext else "device or torch.device('cpu')"
         body.insert(0, f"    device = {first}")
     ret = ", ".join(names[o] for o in outs)
-    source = f"{SOURCE_HEADER}\n\ndef region({params}):\n" + "\n".join(body) + f"\n    return ({ret},)\n"
     targets = [n.target for n in region]
+    header = SOURCE_HEADER + (f"{IMPORT}\n" if any(is_scan(t) for t in targets) else "")  # the op it calls
+    source = f"{header}\n\ndef region({params}):\n" + "\n".join(body) + f"\n    return ({ret},)\n"
     primary = next((t for t in targets if kind_of(t) in (Kind.HEAVY, Kind.SINGLE, Kind.REDUCE)),
                    next((t for t in targets if t is not operator.getitem and kind_of(t) is not Kind.VIEW),
                         targets[0]))
@@ -255,7 +257,7 @@ def build_tasks(graph: torch.fx.Graph, node_ms: dict[str, float] | None = None,
     for region in cut(graph, scope):
         r = region_source(region)
         by_key.setdefault(r.key, []).append(r)
-        where.setdefault(r.key, origin(region))
+        where.setdefault(r.key, scan_origin(region) or origin(region))
     total = sum(node_ms.values()) if node_ms else None
     tasks = []
     for key, occ in by_key.items():

@@ -7,7 +7,8 @@ Kinds drive the task cutter (forge.tasks.cut):
 - VIEW: views and getitem of multi-output ops (fusible, free);
 - FACTORY: constants made in the graph (`scalar_tensor`, `full`, `arange`; fusible, no inputs);
 - REDUCE: reductions and normalizations (fusible; at most one per region);
-- SINGLE: everything else (gather, cat, sort, ...): a task of its own.
+- SINGLE: everything else (gather, cat, sort, ...): a task of its own; so is a scan (a library's loop captured
+  as one op, forge.capture.scans), whose family is "scan".
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from enum import Enum
 from typing import Any
 
 import torch
+
+from forge.capture.scans import is_scan
 
 FAMILIES: tuple[str, ...] = (
     "arithmetic",
@@ -32,6 +35,7 @@ FAMILIES: tuple[str, ...] = (
     "resize/sampling",
     "signal",
     "sequence/control",
+    "scan",  # a library's loop over chunks or steps, one op (forge.capture.scans): policies replace it whole
     "other",
 )
 
@@ -139,6 +143,8 @@ def kind_of(target: Any) -> Kind:
 
 def family_of_op(target: Any) -> str:
     """The op family of one op (see FAMILIES)."""
+    if is_scan(target):
+        return "scan"
     name = op_name(target)
     if name in ATTENTION:
         return "attention"

@@ -17,8 +17,11 @@ from collections import Counter
 
 import torch.fx
 
+from forge.capture.scans import is_scan, library_source
+
 log = logging.getLogger(__name__)
 LIMIT = 4000  # characters of module source a task keeps
+SCAN_LIMIT = 12000  # characters of a scan's library function a task keeps (its whole algorithm, docstring and all)
 
 
 def origin(nodes: list[torch.fx.Node]) -> tuple[str, str]:
@@ -51,3 +54,14 @@ def _resolve(qualified: str) -> type | None:
             return None
     found = getattr(mod, name, None) if mod is not None else None
     return found if isinstance(found, type) else None
+
+
+def scan_origin(nodes: list[torch.fx.Node]) -> tuple[str, str] | None:
+    """For a region of a scan op (forge.capture.scans): (`path (Class), calling module.function`, that library
+    function's source: the loop a policy replaces); None for other regions."""
+    scan = next((n for n in nodes if is_scan(n.target)), None)
+    if scan is None:
+        return None
+    impl = str(scan.args[-1])
+    where, _ = origin(nodes)
+    return f"{where}, calling {impl}".lstrip(", "), library_source(impl)[:SCAN_LIMIT]

@@ -23,6 +23,8 @@ from typing import Any
 import jinja2
 
 from forge.backends import BACKENDS
+from forge.capture.scans import libraries
+from forge.evaluate.domains import input_domains
 from forge.kernel import ABI_DIR, TaskSpec
 
 PROMPTS = Path(__file__).resolve().parents[3] / "prompts"  # the checkout's prompts/ (forge/policy/llm/)
@@ -86,10 +88,16 @@ def _contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return True
 
 
-def tensors(metas: tuple) -> list[dict[str, Any]]:
-    """What a prompt shows of each tensor: dtype, shape, strides, whether contiguous."""
+# How a prompt names an input's domain (forge.evaluate.domains): where verification draws its values.
+DOMAIN_TEXT = {"nonpositive": "random <= 0 (a log decay)", "unit": "random in [0, 1] (a rate)"}
+
+
+def tensors(metas: tuple, domains: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """What a prompt shows of each tensor: dtype, shape, strides, whether contiguous, the values verification
+    draws (`domains`: an input's domain, else any)."""
     return [{"dtype": m.dtype, "shape": list(m.shape), "strides": list(m.stride),
-             "contiguous": _contiguous(tuple(m.shape), tuple(m.stride))} for m in metas]
+             "contiguous": _contiguous(tuple(m.shape), tuple(m.stride)),
+             "values": DOMAIN_TEXT.get((domains or {}).get(i, ""), "random")} for i, m in enumerate(metas)]
 
 
 def _us(value: float | None) -> str:
@@ -103,7 +111,8 @@ def task_context(spec: TaskSpec, eager_us: float | None = None, floor_us: float 
     bandwidth = (f" at the measured memory bandwidth of {measured(f'{spec.floor_bytes / floor_us / 1e3:.0f}')} GB/s"
                  if floor_us and spec.floor_bytes else "")
     return {"key": spec.key, "source": spec.source.strip(), "module": spec.module,
-            "module_source": spec.module_source.strip(), "inputs": tensors(spec.inputs),
+            "module_source": spec.module_source.strip(), "scan": bool(libraries(spec.source)),
+            "inputs": tensors(spec.inputs, input_domains(spec.source)),
             "outputs": tensors(spec.outputs), "eager_us": _us(eager),
             "share": measured(f"{100 * spec.share:.1f}") if spec.share else "", "floor_us": _us(floor_us),
             "floor_bytes": spec.floor_bytes, "bandwidth": bandwidth}

@@ -2,6 +2,9 @@
 (forge.policy.recipes): the root gets a few diverse schedules, a node gets its one-knob mutations. For tasks no
 recipe can express (matmul, convolution, gathers) it says "not mine": no proposals.
 
+A scan task (the gated delta rule's chunk loop, forge.capture.scans) has a lowering of its own on the CPU
+(forge.policy.recipes.scan: the whole loop as one C kernel); on a GPU no recipe writes it yet.
+
 On a GPU a task has two lowerings, CUDA C++ and Triton (forge.policy.recipes.triton_kernels), each with its own
 knobs: the root gets seeds of both, so the search chooses the backend at the first level of the tree and tunes
 within it below (a mutation keeps its parent's backend).
@@ -19,7 +22,7 @@ from typing import Any
 
 from forge.kernel import Candidate, Feedback, TaskSpec
 from forge.policy.base import Policy
-from forge.policy.recipes import cuda, pointwise, rowreduce, triton_kernels
+from forge.policy.recipes import cuda, pointwise, rowreduce, scan, triton_kernels
 from forge.policy.recipes.emit import NotMine
 from forge.policy.recipes.triton_common import WHOLE_ROW_MAX, TritonKnobs, TritonRowKnobs
 
@@ -39,13 +42,14 @@ _SPACES: dict[type, dict[str, tuple[Any, ...]]] = {
                          "chunk": (0, 1, 8), "fast_math": (False, True)},
     TritonKnobs: {"block": (1024, 512, 2048, 4096), "warps": (4, 2, 8)},
     TritonRowKnobs: {"chunk": (0, 1024, 2048, 4096, 8192), "warps": (4, 8, 16, 2, 1)},
+    scan.ScanKnobs: {"parallel": (True, False), "simd": (True, False), "fast_math": (False, True)},
 }
 _TRITON = (TritonKnobs, TritonRowKnobs)
 
 
 @dataclass
 class _Lowered:
-    kind: str  # "pointwise" | "rows"
+    kind: str  # "pointwise" | "rows" | "scan"
     low: Any
 
 
@@ -72,8 +76,10 @@ class RecipePolicy(Policy):
         """The task lowered by the first recipe that takes it; raises NotMine with every reason."""
         if spec.key not in self._lowered:
             reasons = []
-            for kind, mod in (("pointwise", pointwise), ("rows", rowreduce)):
+            for kind, mod in (("pointwise", pointwise), ("rows", rowreduce), ("scan", scan)):
                 try:
+                    if kind == "scan" and self.gpu:
+                        raise NotMine("the scan recipe writes C for the CPU only")
                     self._lowered[spec.key] = _Lowered(kind, mod.lower(spec))
                     break
                 except NotMine as e:
@@ -93,6 +99,8 @@ class RecipePolicy(Policy):
     def knob_class(self, spec: TaskSpec) -> type:
         """The knobs dataclass of the task's native recipe on this device (C on a CPU, CUDA on a GPU)."""
         kind = self.lowered(spec).kind
+        if kind == "scan":
+            return scan.ScanKnobs
         if self.gpu:
             return cuda.CudaKnobs if kind == "pointwise" else cuda.CudaRowKnobs
         return pointwise.Knobs if kind == "pointwise" else rowreduce.RowKnobs
@@ -171,6 +179,8 @@ class RecipePolicy(Policy):
                     self._sources[key] = triton_kernels.candidate(spec, knobs, low.low)
                 elif self.gpu:
                     self._sources[key] = cuda.candidate(spec, knobs, low.low)
+                elif low.kind == "scan":
+                    self._sources[key] = scan.candidate(low.low, knobs)
                 elif low.kind == "pointwise":
                     self._sources[key] = pointwise.candidate(low.low, knobs)
                 else:

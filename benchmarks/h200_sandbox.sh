@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the device (issue 13 item 2): CUDA workers under the sandbox CPU workers have, switched on by
-# FORGE_CUDA_SANDBOX=1 (a network namespace, an unprivileged user when forge runs as root) and
+# FORGE_CUDA_SANDBOX=1 (a network namespace; a CUDA worker keeps forge's user: CUDA IPC fails under another) and
 # FORGE_CUDA_SECCOMP=1 (the seccomp filter; Triton candidates are then refused). What it prints: the worker's
 # state; the CUDA corpus with both on (every test passed); the Triton corpus with the namespace and the user
 # only (passed); the recipe kernels' throughput off and on (on within 20% of off, the same statuses). Carry

@@ -16,11 +16,11 @@ binding) that kills the whole process (SIGSYS) on:
 - the system: mount, umount2, pivot_root, chroot, setns, unshare, namespaces and privileges (setuid and
   kin), module and kexec loading, reboot, swapon/off, bpf, perf_event_open, userfaultfd, keyctl, iopl,
   ioperm, personality, open_by_handle_at.
-CUDA workers (FORGE_CUDA_SECCOMP=1; off by default until measured on a GPU: benchmarks/h200_sandbox.sh) get
+CUDA workers (FORGE_CUDA_SECCOMP=1; off by default, measured on an H200: benchmarks/h200_sandbox.sh) get
 the same filter with one difference: a CUDA context opens /dev/nvidia* read-write after it is made (new
 mappings, new streams), and a filter cannot read the path an open names, so opens for reading and writing
-stay allowed there and only those that create, truncate or append are killed (with FORGE_CUDA_SANDBOX=1
-the worker has also given up root and can write hardly anything: forge.evaluate.privilege). Triton
+stay allowed there and only those that create, truncate or append are killed (a CUDA worker keeps forge's
+user: CUDA IPC fails under another, forge.evaluate.parent). Triton
 candidates are refused on a confined CUDA worker (forge.evaluate.parent): Triton's compiler is a program
 (ptxas) the worker would start.
 The parent sees a worker killed by SIGSYS and reports `forbidden_io`; the harness starts a new worker and

@@ -92,10 +92,11 @@ class Worker:
         """`confined`: the worker installs forge.evaluate.confine's seccomp filter. `own_network`: a network
         namespace of its own when forge runs as root (forge.evaluate.sandbox.limits). `unprivileged`: when
         forge runs as root, the worker gives up root for FORGE_WORKER_USER (forge.evaluate.privilege). Each
-        defaults to on for a CPU worker; a CUDA worker gets the namespace and the user with
-        FORGE_CUDA_SANDBOX=1 and the filter with FORGE_CUDA_SECCOMP=1 (off until measured on a GPU:
-        benchmarks/h200_sandbox.sh; a confined CUDA worker refuses Triton candidates, whose compiler is a
-        program it would start). `program`: what Python runs (tests run a worker a candidate has taken
+        defaults to on for a CPU worker; a CUDA worker gets the namespace with FORGE_CUDA_SANDBOX=1 and the filter
+        with FORGE_CUDA_SECCOMP=1 (off by default; both judged the CUDA corpus as before on an H200, 2026-12-04,
+        benchmarks/h200_sandbox.sh; a confined CUDA worker refuses Triton candidates, whose compiler is a program
+        it would start). A CUDA worker keeps forge's user: under another user it cannot map forge's CUDA IPC
+        arenas ("mapping of buffer object failed" on every candidate, same run). `program`: what Python runs (tests run a worker a candidate has taken
         over). `triton_cache`: a subfolder of Triton's cache that is this worker's own (one per GPU of a pool)."""
         cuda = device.startswith("cuda")
         sandbox = not cuda or os.environ.get("FORGE_CUDA_SANDBOX") == "1"
@@ -117,7 +118,7 @@ class Worker:
         self.arena = Arena(device)
         self._memfd = self.arena.memfds
         self.uid: int | None = None  # the user the running worker is (read from /proc)
-        self.drop, self.privileged = self._plan(sandbox if unprivileged is None else unprivileged)
+        self.drop, self.privileged = self._plan((not cuda) if unprivileged is None else unprivileged)
 
     def _plan(self, want: bool) -> tuple[Drop | None, str]:
         """The worker's folders (its own scratch, where it may write; `lib`, where built libraries are copied
@@ -130,8 +131,8 @@ class Worker:
         os.chmod(self.lib, 0o755)
         who = account() if want else None
         if who is None:
-            return None, "forge runs as root and the worker keeps it (FORGE_WORKER_USER=root, or a CUDA worker " \
-                "without FORGE_CUDA_SANDBOX=1)" if os.geteuid() == 0 else ""
+            return None, "forge runs as root and the worker keeps it (FORGE_WORKER_USER=root, or a CUDA worker: " \
+                "CUDA IPC needs forge's user)" if os.geteuid() == 0 else ""
         uid, gid, user = who
         os.chmod(root, 0o711)  # the worker reaches its folders, lists none of forge's (worker.log)
         os.chown(self.scratch, uid, gid)

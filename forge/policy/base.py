@@ -4,8 +4,8 @@ Interface (the base class `Policy`): `propose(spec, parent, feedback) -> list[pa
 below a tree node (`parent` is None at the root: the eager baseline), and `render(spec, payload) -> Candidate`
 turns an idea into source. `payload_of(spec, knobs) -> payload` turns the knobs stored for a candidate back
 into its payload, so `forge optimize --resume` can rebuild a search tree (by default only JSON payloads can
-be rebuilt; see forge.search.driver); `chosen`, `repairable`, `observe`, `stop_reason`, `bind`, `until` and
-`close` are hooks that do nothing by default. The offline recipe policy (the default) is
+be rebuilt; see forge.search.driver); `chosen`, `ready`, `repairable`, `observe`, `stop_reason`, `bind`,
+`until` and `close` are hooks that do nothing by default. The offline recipe policy (the default) is
 forge.policy.recipes.policy; the language-model ones are in forge.policy.llm. A policy that records what it
 does (an LLM policy's calls) is bound to a `CallStore`, which the run store implements (forge.store.Store):
 policies never import the store.
@@ -71,6 +71,12 @@ class Policy(ABC):
     def chosen(self, spec: TaskSpec, payloads: list[Any]) -> None:
         """The payloads the search renders and evaluates next, before any `render`: a policy that pays per
         proposal (an LLM request) starts the work of these now, and only of these."""
+        return None
+
+    def ready(self, spec: TaskSpec, payloads: list[Any]) -> None:
+        """Wait until the chosen payloads render without waiting (an LLM policy's answers have come).
+        Important: the search calls it outside the lock the tasks probed at once share, so it must only wait,
+        never change the policy's state. Nothing by default."""
         return None
 
     def repairable(self, spec: TaskSpec, payload: Any, res: Any) -> bool:

@@ -71,6 +71,10 @@ class MixedPolicy(Policy):
         """The LLM's chosen ideas are sent now; recipes need nothing."""
         self.llm.chosen(spec, [p for p in payloads if isinstance(p, Idea)])
 
+    def ready(self, spec: TaskSpec, payloads: list[Any]) -> None:
+        """The LLM's chosen ideas are awaited; recipes render at once."""
+        self.llm.ready(spec, [p for p in payloads if isinstance(p, Idea)])
+
     def repairable(self, spec: TaskSpec, payload: Any, res: Any) -> bool:
         """LLM nodes, as the LLM policy says; recipe nodes are not repaired."""
         return isinstance(payload, Idea) and self.llm.repairable(spec, payload, res)

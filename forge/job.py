@@ -14,7 +14,7 @@ from typing import Any
 from forge.capture.export import Capture
 from forge.capture.model_input import LoadedModel, state_kept
 from forge.capture.profile import Profile, profile_blockwise, profile_model
-from forge.errors import Interrupted, UserError
+from forge.errors import Interrupted, RunFailed, UserError
 from forge.evaluate.build import build
 from forge.evaluate.cluster import evaluator_for
 from forge.evaluate.evaluator import BaseEvaluator as Evaluator
@@ -219,6 +219,7 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
             log.info("the search starts at %.1f s of the run, for %.1f s", time.monotonic() - start, searching.seconds)
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, shown,
                               resume=bool(resume))
+            _failed(store, run, pol)
             kernels = winners(outcomes, prof.tasks, ev)
             tuned_on = ev.device_model
         pol.close()  # before the end-to-end check loads the found kernels here: no LLM request after the search
@@ -233,6 +234,14 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
         raise Interrupted(run.id) from e
     finally:
         pol.close()
+
+
+def _failed(store: Store, run: RunRecord, pol: Policy) -> None:
+    """RunFailed, stored with the run, when the policy says the run cannot go on (its key holder is gone)."""
+    why = pol.failure()
+    if why:
+        store.update_run(run.id, state="failed", note=why)
+        raise RunFailed(f"{why}: run {run.id} failed (what it evaluated is stored)")
 
 
 def _profile(loaded: LoadedModel, stored: RunRecord | None, layout: str | None, blocks: bool

@@ -31,6 +31,10 @@ class MixedPolicy(Policy):
         """See LLMPolicy.stop_reason."""
         return self.llm.stop_reason()
 
+    def failure(self) -> str | None:
+        """See LLMPolicy.failure."""
+        return self.llm.failure()
+
     def until(self, deadline: float) -> None:
         """See LLMPolicy.until."""
         self.llm.until(deadline)

@@ -124,6 +124,10 @@ class LLMPolicy(Policy):
         """Why the search must stop (the --max-usd budget is spent), or None."""
         return self.calls.budget_spent()
 
+    def failure(self) -> str | None:
+        """Why the run cannot go on: the key holder that sends the requests is gone (its stop_reason too)."""
+        return self.calls.lost()
+
     def until(self, deadline: float) -> None:
         """Every request ends by the search's deadline (its timeout is the time left)."""
         self.calls.deadline = deadline

@@ -209,7 +209,8 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
     prof, cap = _profile(loaded, stored, layout, blocks)
     if profile_out:
         prof.save(profile_out)
-    run, budget = _started(store, stored, loaded, prof, pol, budget, load, cap.layout if cap else "", cap is None)
+    run, budget = _started(store, stored, loaded, prof, pol, budget, load, cap.layout if cap else "", cap is None,
+                           inductor)
     folder = _artifact_folder(store, run, runs_dir)
     pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
@@ -255,7 +256,7 @@ def _profile(loaded: LoadedModel, stored: RunRecord | None, layout: str | None, 
 
 
 def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: Profile, pol: Policy,
-             budget: Budget | None, load: dict[str, Any] | None, layout: str, blocks: bool
+             budget: Budget | None, load: dict[str, Any] | None, layout: str, blocks: bool, inductor: bool
              ) -> tuple[RunRecord, Budget]:
     """The run to search in and its budget: the stored one resumed (checked to be this model), or a new one."""
     if stored:
@@ -265,7 +266,7 @@ def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: 
     budget = budget or Budget()
     run = store.create_run(loaded.name, device=loaded.device, dtype=loaded.dtype, policy=pol.name,
                            config={"budget": vars(budget), "load": load or {}, "layout": layout, "blocks": blocks,
-                                   "mode": loaded.mode})
+                                   "mode": loaded.mode, "inductor": inductor})
     return run, budget
 
 

@@ -5,6 +5,10 @@ class UserError(Exception):
     """Bad input from the user (a file, an option, a model): one line saying what is wrong and the fix."""
 
 
+class RunFailed(Exception):
+    """A run that cannot go on (its LLM key holder is gone): one line, stored with the run; the CLI exits 1."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a run that can be continued: `resume` is what continues it (forge optimize --resume RUN)."""
 

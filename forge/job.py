@@ -14,7 +14,7 @@ from typing import Any
 from forge.capture.export import Capture
 from forge.capture.model_input import LoadedModel, state_kept
 from forge.capture.profile import Profile, profile_blockwise, profile_model
-from forge.errors import Interrupted, UserError
+from forge.errors import Interrupted, RunFailed, UserError
 from forge.evaluate.build import build
 from forge.evaluate.cluster import evaluator_for
 from forge.evaluate.evaluator import BaseEvaluator as Evaluator
@@ -209,7 +209,8 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
     prof, cap = _profile(loaded, stored, layout, blocks)
     if profile_out:
         prof.save(profile_out)
-    run, budget = _started(store, stored, loaded, prof, pol, budget, load, cap.layout if cap else "", cap is None)
+    run, budget = _started(store, stored, loaded, prof, pol, budget, load, cap.layout if cap else "", cap is None,
+                           inductor)
     folder = _artifact_folder(store, run, runs_dir)
     pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
@@ -219,6 +220,7 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
             log.info("the search starts at %.1f s of the run, for %.1f s", time.monotonic() - start, searching.seconds)
             outcomes = search(list(prof.tasks), pol, ev, StoreRecorder(store, run.id), searching, shown,
                               resume=bool(resume))
+            _failed(store, run, pol)
             kernels = winners(outcomes, prof.tasks, ev)
             tuned_on = ev.device_model
         pol.close()  # before the end-to-end check loads the found kernels here: no LLM request after the search
@@ -235,6 +237,14 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
         pol.close()
 
 
+def _failed(store: Store, run: RunRecord, pol: Policy) -> None:
+    """RunFailed, stored with the run, when the policy says the run cannot go on (its key holder is gone)."""
+    why = pol.failure()
+    if why:
+        store.update_run(run.id, state="failed", note=why)
+        raise RunFailed(f"{why}: run {run.id} failed (what it evaluated is stored)")
+
+
 def _profile(loaded: LoadedModel, stored: RunRecord | None, layout: str | None, blocks: bool
              ) -> tuple[Profile, Capture | None]:
     """The profile to search from and the whole capture (None when captured block-wise). A resumed run is
@@ -246,7 +256,7 @@ def _profile(loaded: LoadedModel, stored: RunRecord | None, layout: str | None, 
 
 
 def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: Profile, pol: Policy,
-             budget: Budget | None, load: dict[str, Any] | None, layout: str, blocks: bool
+             budget: Budget | None, load: dict[str, Any] | None, layout: str, blocks: bool, inductor: bool
              ) -> tuple[RunRecord, Budget]:
     """The run to search in and its budget: the stored one resumed (checked to be this model), or a new one."""
     if stored:
@@ -256,7 +266,7 @@ def _started(store: Store, stored: RunRecord | None, loaded: LoadedModel, prof: 
     budget = budget or Budget()
     run = store.create_run(loaded.name, device=loaded.device, dtype=loaded.dtype, policy=pol.name,
                            config={"budget": vars(budget), "load": load or {}, "layout": layout, "blocks": blocks,
-                                   "mode": loaded.mode})
+                                   "mode": loaded.mode, "inductor": inductor})
     return run, budget
 
 

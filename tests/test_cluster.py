@@ -10,12 +10,15 @@ The worker processes, compilers, the Ray cluster and SQLite are real.
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
 
 import pytest
-from conftest import MODELS
+from conftest import MODELS, ROOT
 
 from forge.capture.model_input import load_file
 from forge.capture.profile import profile_model
@@ -222,3 +225,73 @@ def test_closing_the_slots_judges_nothing_more():
     assert first.result() == "judged" and ran == ["long"]
     with pytest.raises(cf.CancelledError):
         second.result()
+
+
+def forge_cli(args: list[str], tmp_path, pythonpath: str = "") -> subprocess.CompletedProcess[str]:
+    """`forge ARGS` in a process of its own, as a user starts it."""
+    path = os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)
+    return subprocess.run([sys.executable, "-m", "forge.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": path})
+
+
+def closed_port() -> int:
+    """A port of this host nobody listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_ray_address_nobody_listens_on_is_one_line_and_exit_2_at_once(tmp_path):
+    pytest.importorskip("ray")
+    address = f"127.0.0.1:{closed_port()}"
+    start = time.monotonic()
+    done = forge_cli(["optimize", str(MODELS / "two_tasks.py"), "--ray", address, "--no-inductor", "--budget", "2",
+                      "--db", str(tmp_path / "f.db")], tmp_path)  # Ray alone retried it for minutes
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and err[-1].startswith(f"forge: error: cannot reach the Ray cluster at {address}")
+    assert "Traceback" not in done.stderr and time.monotonic() - start < 90
+
+
+@pytest.mark.slow
+def test_forge_optimize_ray_without_ray_installed_is_one_line_and_exit_2(tmp_path):
+    fake = tmp_path / "noray"
+    (fake / "ray").mkdir(parents=True)
+    (fake / "ray" / "__init__.py").write_text("raise ImportError('No module named ray')\n")
+    done = forge_cli(["optimize", str(MODELS / "two_tasks.py"), "--ray", "local", "--no-inductor", "--budget", "2",
+                      "--db", str(tmp_path / "f.db")], tmp_path, pythonpath=str(fake))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "forge: error: --ray needs Ray: pip install 'forge-kernels[ray]'"
+
+
+def all_cpus_free(ray, timeout_s: float = 30.0) -> bool:
+    """True once every CPU of the cluster is free again (a live actor holds one), within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ray.available_resources().get("CPU", 0) >= ray.cluster_resources().get("CPU", 0):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+def test_no_ray_actor_outlives_a_run_that_ends_or_fails(ray_cluster, tmp_path, monkeypatch):
+    from forge.evaluate import cluster
+    from forge.evaluate.cluster import RayEvaluator
+
+    assert all_cpus_free(ray_cluster)
+    with pytest.raises(RuntimeError, match="during the run"):
+        with RayEvaluator(None, "cpu", workers=2, bench=None, cache_dir=tmp_path / "cache") as ev:
+            assert ev.parallel == 2 and not all_cpus_free(ray_cluster, 0.5)  # the two actors hold two CPUs
+            raise RuntimeError("a failure during the run")
+    assert all_cpus_free(ray_cluster)
+
+    def broken(infos, here):  # a failure after the actors started, before the evaluator is handed out
+        raise RuntimeError("broken while starting")
+
+    monkeypatch.setattr(cluster, "_one_model", broken)
+    with pytest.raises(RuntimeError, match="broken while starting") as failed:
+        RayEvaluator(None, "cpu", workers=2, bench=None, cache_dir=tmp_path / "cache")
+    # killed, not left to Ray's reference counting: the error kept (to log or store it) holds their handles
+    assert all_cpus_free(ray_cluster), "the actors started before the failure are still alive"
+    assert failed.value is not None

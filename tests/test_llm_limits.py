@@ -418,6 +418,28 @@ def test_replay_from_the_run_id_alone_offline_without_a_key(wire, tmp_path):
     assert store.run_cost(replayed.id).usd == 0
 
 
+@pytest.mark.slow
+def test_replay_alone_measures_what_the_run_measured_no_inductor_included(tmp_path):
+    """A keyless --no-inductor run, then `forge optimize --replay RUN` alone: the replay measures no
+    torch.compile variant either (the run's setting is stored with it)."""
+    db, report = tmp_path / "forge.db", tmp_path / "r.json"
+    common = ["--db", str(db), "--out", str(tmp_path / "runs"), "--json", str(report)]
+    env = {"FORGE_CACHE": str(tmp_path / "cache")}
+    with FakeLLM(bank) as server:
+        first = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy",
+                       f"openai-compatible:{server.url}/v1:fake-coder", "--budget", "2", "--seconds", "120",
+                       "--no-inductor", *common], env)
+    assert first.returncode == 0, first.stderr
+    store = Store(db)
+    (run,) = store.list_runs()
+    again = forge(["optimize", "--replay", run.id, *common], env)  # no --no-inductor: the run's own
+    assert again.returncode == 0, again.stderr
+    measured = [m["variant"]["runtime"] for m in json.loads(report.read_text())["variants"]]
+    assert measured and not any(r.startswith("inductor") for r in measured), measured
+    replayed = next(r for r in store.list_runs() if r.id != run.id)
+    assert run.config["inductor"] is False and replayed.config["inductor"] is False
+
+
 @pytest.mark.parametrize("args,says", [
     (["--replay", "r-nope"], "no run 'r-nope' to replay"),
     (["--replay", "RECIPES"], "it made no LLM calls to replay"),

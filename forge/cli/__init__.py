@@ -1,6 +1,7 @@
 """The `forge` command line: argparse subcommands with thin handlers; heavy imports inside them.
 
-Bad input (UserError) is printed as one line on stderr with exit code 2.
+Bad input (UserError) is printed as one line on stderr with exit code 2; a run that failed (RunFailed), as
+one line with exit code 1.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from forge.backends import BACKENDS, NAMES
-from forge.errors import Interrupted, UserError
+from forge.errors import Interrupted, RunFailed, UserError
 
 log = logging.getLogger("forge")
 
@@ -266,6 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         print(f"forge: error: {e}", file=sys.stderr)
         return 2
+    except RunFailed as e:  # stored with the run
+        print(f"forge: error: {e}", file=sys.stderr)
+        return 1
     except Interrupted as e:  # a run that can be continued
         from forge.cli.optimize import resume_command
 

@@ -29,16 +29,17 @@ def add_optimize(sub: argparse._SubParsersAction) -> None:
                    "openai-compatible:BASE_URL:MODEL, or recipes+ before an LLM policy to mix them (docs/llm.md)")
     p.add_argument("--max-usd", type=float, help="LLM budget in US dollars: the search stops when it is spent")
     p.add_argument("--replay", metavar="RUN", help="answer every LLM request from run RUN's stored calls only "
-                   "(no network, no key); alone, RUN's model, device, dtype, mode, policy, layout, blocks and budget "
-                   "(--budget, --seconds override them)")
+                   "(no network, no key); alone, RUN's model, device, dtype, mode, policy, layout, blocks, "
+                   "--inductor and budget (--budget, --seconds override them)")
     p.add_argument("--prices", metavar="JSON", help="LLM prices overriding forge/policy/llm/prices.json")
     p.add_argument("--budget", type=int, help="candidates over all tasks, at most (default 400: a cap; "
                    "--seconds is what ends a run)")
     p.add_argument("--seconds", type=float, help="wall time of the whole run: capture, search, "
                    "rewrites and the final timing; the first Inductor compilation starts even when it is spent, so "
                    "that the result is never behind torch.compile for want of time (default 300)")
-    p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure the result compiled by torch.compile and keep it when faster (default on)")
+    p.add_argument("--inductor", action=argparse.BooleanOptionalAction,
+                   help="also measure the result compiled by torch.compile and keep it when faster (default on; "
+                   "--resume and --replay: as the run did)")
     p.add_argument("--layout", choices=("auto", "row-major", "channels-last"), default="auto",  # layout.CHOICES
                    help="activation layout the model is captured and searched in (default auto: channels-last "
                    "when the model has convolutions and its forward is faster so, measured)")
@@ -103,8 +104,10 @@ def cmd_optimize(args: argparse.Namespace) -> int:
             _model_of(args, run)
         args.device, args.dtype, args.policy = run.device, run.dtype, run.policy
         args.eval = run.config.get("mode", "eval") == "eval"  # the run's mode (runs stored before it was: eval)
+        _inductor_of(args, run)
     elif args.replay and not args.model and not args.zoo:
         budget = _replayed(args, store)
+    args.inductor = args.inductor is not False
     scale = _scale(args)
     loaded = load_model(args)
     pol = _policy(args, store, loaded.device)
@@ -138,8 +141,8 @@ def _model_of(args: argparse.Namespace, run: RunRecord) -> None:
 
 
 def _replayed(args: argparse.Namespace, store: Store) -> Budget:
-    """`--replay RUN` alone: RUN's model, device, dtype, mode, policy, layout and blocks into `args`, and its
-    budget (--budget and --seconds, when given, override it); UserError when RUN cannot be replayed."""
+    """`--replay RUN` alone: RUN's model, device, dtype, mode, policy, layout, blocks and --inductor into `args`,
+    and its budget (--budget and --seconds, when given, override it); UserError when RUN cannot be replayed."""
     from dataclasses import replace
 
     from forge.job import RECIPE_POLICIES
@@ -162,10 +165,17 @@ def _replayed(args: argparse.Namespace, store: Store) -> Budget:
     args.layout = "auto" if layout is None else layout or "row-major"
     if args.blocks is None:
         args.blocks = bool(run.config.get("blocks"))
+    _inductor_of(args, run)
     budget = Budget(**run.config["budget"])
     if args.budget is not None:
         budget = replace(budget, candidates=args.budget)
     return budget if args.seconds is None else replace(budget, seconds=args.seconds)
+
+
+def _inductor_of(args: argparse.Namespace, run: RunRecord) -> None:
+    """--inductor as `run` measured (unless given): runs stored before it was recorded had it on."""
+    if args.inductor is None:
+        args.inductor = bool(run.config.get("inductor", True))
 
 
 def _scale(args: argparse.Namespace) -> Scale:
@@ -222,7 +232,7 @@ def resume_command(args: argparse.Namespace, run_id: str) -> str:
     for opt in ("max_usd", "prices", "replay", "json"):
         if getattr(args, opt, None) is not None:
             words += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
-    if not getattr(args, "inductor", True):
+    if getattr(args, "inductor", True) is False:
         words.append("--no-inductor")
     if getattr(args, "verbose", False):
         words.append("-v")

@@ -22,6 +22,7 @@ import hashlib
 import itertools
 import logging
 import os
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -134,12 +135,24 @@ class RayEvaluator(BaseEvaluator):
             raise UserError("--ray needs Ray: pip install 'forge-kernels[ray]'") from None
         self._own = not ray.is_initialized()
         if self._own:  # "local": a cluster of this host's own, started here
+            _reachable(address)  # Ray itself retries an address nobody listens on for minutes
             try:
                 ray.init(address=None if address == "local" else address, include_dashboard=False,
                          logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise UserError(f"cannot reach the Ray cluster at {address}: {str(e).splitlines()[0]}") from None
         self.seed, self.bench, self.timeout_s, self.cache_dir = seed, bench, timeout_s, cache_dir
+        self.actors: list[Any] = []
+        try:
+            self._start(address, device, workers, timeout_s)
+        except BaseException:  # a bad option, actors that did not start, Ctrl-C: no actor (nor cluster) is left
+            self.close()
+            raise
+
+    def _start(self, address: str | None, device: str, workers: int | None, timeout_s: float) -> None:
+        """Start the actors and keep those of one device model (see the module docstring)."""
+        import ray
+
         cuda = device.startswith("cuda")
         self.device = "cuda:0" if cuda else "cpu"  # in each actor: Ray pins it to its own GPU
         resources = ray.cluster_resources()
@@ -151,14 +164,15 @@ class RayEvaluator(BaseEvaluator):
                             "leave at least one for the builds)")
         _, actor = _remote()
         opts = {"num_gpus": 1, "num_cpus": 0} if cuda else {"num_cpus": 1}
-        actors = [actor.options(max_restarts=-1, **opts).remote(self.device, timeout_s) for _ in range(n)]
+        actors = self.actors = [actor.options(max_restarts=-1, **opts).remote(self.device, timeout_s)
+                                for _ in range(n)]
         try:
             infos = ray.get([a.info.remote() for a in actors], timeout=START_S)
         except ray.exceptions.GetTimeoutError:
-            for a in actors:
-                ray.kill(a, no_restart=True)
             raise UserError(f"{n} Ray actors did not start in {START_S:.0f} s (the cluster lacks the "
                             "resources?)") from None
+        except ray.exceptions.RayError as e:  # an actor that died starting (its worker, its node)
+            raise UserError(f"the Ray actors did not start: {type(e).__name__}: {str(e).splitlines()[0]}") from None
         here = device_model(device) if not cuda or _has_cuda() else None
         self.device_model = _one_model(infos, here)
         for a, info in zip(actors, infos, strict=True):
@@ -232,11 +246,39 @@ class RayEvaluator(BaseEvaluator):
         """Let the actors go (and the local cluster, when this evaluator started it)."""
         import ray
 
-        self.slots.close()
-        for a in self.actors:
-            ray.kill(a, no_restart=True)
-        if self._own:
-            ray.shutdown()
+        try:
+            if getattr(self, "slots", None) is not None:  # None: closed before the actors started
+                self.slots.close()
+        finally:
+            for a in self.actors:
+                _kill(a)
+            self.actors = []
+            if self._own:
+                ray.shutdown()
+
+
+def _kill(actor: Any) -> None:
+    """Let one actor go for good (one already gone, or a cluster already down, is no error)."""
+    import ray
+
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception as e:  # noqa: BLE001 - closing goes on with the next actor
+        log.warning("a Ray actor could not be killed: %s", e)
+
+
+def _reachable(address: str | None) -> None:
+    """UserError unless something listens at a HOST:PORT address (ray://HOST:PORT too); "auto", "local" and
+    None are Ray's to resolve (it fails at once when there is nothing)."""
+    if address in (None, "auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"Invalid --ray: {address!r} (auto, local, HOST:PORT or ray://HOST:PORT)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10.0).close()
+    except OSError as e:
+        raise UserError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
 
 
 def _one_model(infos: list[tuple[str, str, str, int]], here: str | None) -> str:

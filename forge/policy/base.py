@@ -4,8 +4,8 @@ Interface (the base class `Policy`): `propose(spec, parent, feedback) -> list[pa
 below a tree node (`parent` is None at the root: the eager baseline), and `render(spec, payload) -> Candidate`
 turns an idea into source. `payload_of(spec, knobs) -> payload` turns the knobs stored for a candidate back
 into its payload, so `forge optimize --resume` can rebuild a search tree (by default only JSON payloads can
-be rebuilt; see forge.search.driver); `chosen`, `repairable`, `observe`, `stop_reason`, `bind`, `until` and
-`close` are hooks that do nothing by default. The offline recipe policy (the default) is
+be rebuilt; see forge.search.driver); `chosen`, `ready`, `repairable`, `observe`, `stop_reason`, `failure`,
+`bind`, `until` and `close` are hooks that do nothing by default. The offline recipe policy (the default) is
 forge.policy.recipes.policy; the language-model ones are in forge.policy.llm. A policy that records what it
 does (an LLM policy's calls) is bound to a `CallStore`, which the run store implements (forge.store.Store):
 policies never import the store.
@@ -73,6 +73,12 @@ class Policy(ABC):
         proposal (an LLM request) starts the work of these now, and only of these."""
         return None
 
+    def ready(self, spec: TaskSpec, payloads: list[Any]) -> None:
+        """Wait until the chosen payloads render without waiting (an LLM policy's answers have come).
+        Important: the search calls it outside the lock the tasks probed at once share, so it must only wait,
+        never change the policy's state. Nothing by default."""
+        return None
+
     def repairable(self, spec: TaskSpec, payload: Any, res: Any) -> bool:
         """True if a failed node (its EvalResult `res`) is worth a repair turn now: the search then expands it
         on purpose, since UCT alone rarely comes back to a failed node. False by default."""
@@ -84,6 +90,11 @@ class Policy(ABC):
 
     def stop_reason(self) -> str | None:
         """Why the search must stop now (an LLM budget spent), or None."""
+        return None
+
+    def failure(self) -> str | None:
+        """Why the whole run cannot go on (an LLM policy's key holder is gone), or None; `stop_reason` then
+        stops every task, and the run fails with this line. None by default."""
         return None
 
     def bind(self, store: CallStore, run_id: str) -> None:

@@ -188,14 +188,14 @@ class TaskSearch:
 
     def run(self, until: int, ev: Evaluator, deadline: float, budget: Budget) -> None:
         """Evaluate batches until `until` candidates in all, or a stop condition (then `self.stop` says which).
-        Important: all but the evaluations runs under `self.lock`, which the tasks probed at once share (the
-        policy and the store are not thread-safe)."""
+        Important: all but the evaluations and the policy's wait for its answers (`ready`) runs under `self.lock`,
+        which the tasks probed at once share (the policy and the store are not thread-safe)."""
         while self.stop is None and self.tried < until and not self.interrupted.is_set():
             with self.lock:
-                batch = self._select(until, deadline, budget)
-            if batch is None:
+                nodes = self._select(until, deadline, budget)
+            cands = self._render(nodes) if nodes is not None else None
+            if nodes is None or cands is None:
                 break
-            nodes, cands = batch
             self._evaluate(nodes, cands, ev)  # outside the lock but for the bookkeeping
             with self.lock:
                 self.progress.task(self.task.key, self.tried, self.speedup)
@@ -205,25 +205,40 @@ class TaskSearch:
             if self.stop is not None:
                 self.halt(self.stop)
 
-    def _select(self, until: int, deadline: float, budget: Budget) -> tuple[list[Node], list[Candidate]] | None:
-        """select + expand (the tree; repairs first) a batch and render it; None when the task stops
-        (`self.stop` says why). A request of an LLM policy is sent only now, for the nodes chosen."""
+    def _select(self, until: int, deadline: float, budget: Budget) -> list[Node] | None:
+        """select + expand (the tree; repairs first) a batch, and tell the policy it was chosen (an LLM policy
+        sends its requests now, for these nodes only); None when the task stops (`self.stop` says why)."""
         self.stop = self.stopped(deadline, budget)
         if self.stop:
             return None
-        try:  # the policy proposes (in expand) and renders: its exception is this task's failure, not the run's
+        try:  # the policy proposes (in expand): its exception is this task's failure, not the run's
             nodes = self._pick(min(budget.parallel, until - self.tried))
             self.policy.chosen(self.spec, [n.payload for n in nodes])
-            cands = [self.policy.render(self.spec, n.payload) for n in nodes]
         except Exception as e:  # noqa: BLE001 - any policy bug: stored as the stop reason, the run goes on
-            log.exception("policy %s failed on task %s", self.policy.name, self.task.key)
-            self.stop = policy_error(e)
-            self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)  # a resume skips it
-            return None
+            return self._failed(e)
         if not nodes:
             self.stop = "exhausted (no more ideas)"
             return None
-        return nodes, cands
+        return nodes
+
+    def _render(self, nodes: list[Node]) -> list[Candidate] | None:
+        """The chosen nodes' candidates: the policy waits for them (`ready`: an LLM policy's answers) outside
+        the lock the tasks probed at once share, so one slow answer holds up no other task; renders under it.
+        None when the policy fails (the task stops)."""
+        payloads = [n.payload for n in nodes]
+        try:
+            self.policy.ready(self.spec, payloads)
+            with self.lock:
+                return [self.policy.render(self.spec, p) for p in payloads]
+        except Exception as e:  # noqa: BLE001 - any policy bug: stored as the stop reason, the run goes on
+            with self.lock:
+                return self._failed(e)
+
+    def _failed(self, e: Exception) -> None:
+        """The policy raised: the task stops with `policy error: ...`, stored at once (a resume skips it)."""
+        log.error("policy %s failed on task %s", self.policy.name, self.task.key, exc_info=e)
+        self.stop = policy_error(e)
+        self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)
 
     def _pick(self, n: int) -> list[Node]:
         """Up to n new nodes: repairs of failed nodes the policy asked for, then UCT's selections."""

@@ -52,6 +52,7 @@ _CREDENTIAL = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|_PASS$|CREDENT
                          r"COOKIE|AUTH|^OPENAI|^ANTHROPIC)", re.I)
 _MAX_LINE = 64 << 20  # a request larger than this ends the session (a conversation is a few hundred kB)
 _GRACE_S = 10.0  # the child waits this long past its deadline for the key holder's answer
+_GONE = "the LLM key holder (the forge process you started) is gone"
 
 
 def is_credential(name: str) -> bool:
@@ -204,6 +205,7 @@ class _Channel:
         self._pending: dict[int, Future[dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self.closed = False
+        self.gone: str | None = None  # the key holder ended before the search did: why (no request can be made)
         threading.Thread(target=self._read, name="forge-llm-channel", daemon=True).start()
 
     def ask(self, body: dict[str, Any], wait: float | None) -> dict[str, Any]:
@@ -212,13 +214,16 @@ class _Channel:
         with self._lock:
             if self.closed:
                 raise NotSent("the search is over: no more LLM requests")
+            if self.gone:
+                raise NotSent(self.gone)
             rid = next(self._ids)
             self._pending[rid] = future
             try:
                 self.sock.sendall((json.dumps({"id": rid, **body}) + "\n").encode())
             except OSError as e:
                 self._pending.pop(rid, None)
-                raise LLMError(f"the key holder is gone ({e})") from None
+                self.gone = f"{_GONE} ({e.strerror or e})"
+                raise LLMError(self.gone) from None
         try:
             return future.result(timeout=wait)
         except futures.TimeoutError:
@@ -258,9 +263,12 @@ class _Channel:
             if future is not None and not future.done():
                 future.set_result(msg)
         with self._lock:  # the key holder is gone: every waiter learns it now
+            if not self.closed:  # not our own close: it ended (killed?) while the search needs it
+                self.gone = self.gone or f"{_GONE} (its connection closed)"
+                log.info("%s", self.gone)
             for future in self._pending.values():
                 if not future.done():
-                    future.set_result({"error": "the key holder is gone", "status": "provider_error", "usd": 0.0})
+                    future.set_result({"error": self.gone or _GONE, "status": "provider_error", "usd": 0.0})
 
 
 @functools.lru_cache(maxsize=1)
@@ -298,6 +306,10 @@ class RemoteChat(Chat):
 
     def check(self) -> None:
         """Nothing: the key holder checked the key before it started this process."""
+
+    def lost(self) -> str | None:
+        """Why no request can be sent any more: the key holder is gone (killed, crashed), or None."""
+        return self._channel.gone
 
     def close(self) -> None:
         """The search is over: the connection to the key holder is closed for good (see _Channel.close)."""

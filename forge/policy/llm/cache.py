@@ -90,8 +90,12 @@ class CallLog:
         self.store, self.run_id = store, run_id
 
     def budget_spent(self) -> str | None:
-        """Why no more requests may be made, or None."""
-        return self.chat.stop_reason(self.max_tokens) if self.chat is not None else None
+        """Why no more requests may be made (the budget, or the client lost for good), or None."""
+        return self.lost() or (self.chat.stop_reason(self.max_tokens) if self.chat is not None else None)
+
+    def lost(self) -> str | None:
+        """Why no request can be made for the rest of the run (the key holder is gone), or None."""
+        return self.chat.lost() if self.chat is not None else None
 
     def close(self) -> None:
         """No more requests (the search is over): the client refuses any later one."""

@@ -31,6 +31,10 @@ class MixedPolicy(Policy):
         """See LLMPolicy.stop_reason."""
         return self.llm.stop_reason()
 
+    def failure(self) -> str | None:
+        """See LLMPolicy.failure."""
+        return self.llm.failure()
+
     def until(self, deadline: float) -> None:
         """See LLMPolicy.until."""
         self.llm.until(deadline)
@@ -70,6 +74,10 @@ class MixedPolicy(Policy):
     def chosen(self, spec: TaskSpec, payloads: list[Any]) -> None:
         """The LLM's chosen ideas are sent now; recipes need nothing."""
         self.llm.chosen(spec, [p for p in payloads if isinstance(p, Idea)])
+
+    def ready(self, spec: TaskSpec, payloads: list[Any]) -> None:
+        """The LLM's chosen ideas are awaited; recipes render at once."""
+        self.llm.ready(spec, [p for p in payloads if isinstance(p, Idea)])
 
     def repairable(self, spec: TaskSpec, payload: Any, res: Any) -> bool:
         """LLM nodes, as the LLM policy says; recipe nodes are not repaired."""

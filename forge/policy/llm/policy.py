@@ -124,6 +124,10 @@ class LLMPolicy(Policy):
         """Why the search must stop (the --max-usd budget is spent), or None."""
         return self.calls.budget_spent()
 
+    def failure(self) -> str | None:
+        """Why the run cannot go on: the key holder that sends the requests is gone (its stop_reason too)."""
+        return self.calls.lost()
+
     def until(self, deadline: float) -> None:
         """Every request ends by the search's deadline (its timeout is the time left)."""
         self.calls.deadline = deadline
@@ -182,16 +186,25 @@ class LLMPolicy(Policy):
         fixable = res.status in _BUILD or res.status in _WRONG
         return fixable and node.depth < self.config.repairs and node.rounds < self.config.rounds
 
+    def ready(self, spec: TaskSpec, payloads: list[Any]) -> None:
+        """Wait for the answers of the ideas `chosen` sent, not much past the search's deadline; only waits (the
+        search calls it outside the lock the tasks probed at once share)."""
+        sent = [n.future for n in (self._nodes.get(p.id) for p in payloads) if n is not None and n.request is None]
+        futures.wait(sent, timeout=self._wait_s())
+
     def render(self, spec: TaskSpec, payload: Any) -> Candidate:
         """The candidate an idea's answer gave: sends the request if `chosen` did not, and waits for it, not
-        much past the search's deadline."""
+        much past the search's deadline (after `ready`, not at all)."""
         node = self._nodes[payload.id]
         self._send(node)
-        wait = None if self.calls.deadline is None else max(0.0, self.calls.deadline - time.monotonic()) + _GRACE_S
         try:
-            return node.future.result(timeout=wait)
+            return node.future.result(timeout=self._wait_s())
         except futures.TimeoutError:
             return NoKernel.because(self.backend, "no answer by the search's deadline", Status.PROVIDER_ERROR)
+
+    def _wait_s(self) -> float | None:
+        """Seconds left to wait for an answer: until `_GRACE_S` past the search's deadline (None: no deadline)."""
+        return None if self.calls.deadline is None else max(0.0, self.calls.deadline + _GRACE_S - time.monotonic())
 
     def _send(self, node: _Node) -> None:
         if node.request is not None:

@@ -292,6 +292,11 @@ class Chat:
                                 f"({_describe(e).split(':')[0]}): check the key") from None
             raise UserError(f"cannot reach {self.spec.provider} at {where}: {_describe(e)}") from None
 
+    def lost(self) -> str | None:
+        """Why no request can reach the provider any more, for the rest of the run (the key holder is gone), or
+        None."""
+        return None
+
     def close(self) -> None:
         """No more requests: any later one is refused unsent (NotSent). Requests still going end at their
         deadline; the client is left open under them (each request's connection is its own, closed after it)."""

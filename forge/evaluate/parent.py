@@ -92,12 +92,13 @@ class Worker:
         """`confined`: the worker installs forge.evaluate.confine's seccomp filter. `own_network`: a network
         namespace of its own when forge runs as root (forge.evaluate.sandbox.limits). `unprivileged`: when
         forge runs as root, the worker gives up root for FORGE_WORKER_USER (forge.evaluate.privilege). Each
-        defaults to on for a CPU worker; a CUDA worker gets the namespace with FORGE_CUDA_SANDBOX=1 and the filter
-        with FORGE_CUDA_SECCOMP=1 (off by default; both judged the CUDA corpus as before on an H200, 2026-12-04,
-        benchmarks/h200_sandbox.sh; a confined CUDA worker refuses Triton candidates, whose compiler is a program
-        it would start). A CUDA worker keeps forge's user: under another user it cannot map forge's CUDA IPC
-        arenas ("mapping of buffer object failed" on every candidate, same run). `program`: what Python runs (tests run a worker a candidate has taken
-        over). `triton_cache`: a subfolder of Triton's cache that is this worker's own (one per GPU of a pool)."""
+        defaults to on for a CPU worker; a CUDA worker gets the namespace with FORGE_CUDA_SANDBOX=1 and the
+        filter with FORGE_CUDA_SECCOMP=1 (off by default; with both, the CUDA corpus kernels tried were judged
+        as without them on an H200, 2026-12-04, benchmarks/h200_sandbox.sh; a confined CUDA worker refuses
+        Triton candidates, whose compiler is a program it would start). A CUDA worker keeps forge's user: under
+        another it cannot map forge's CUDA IPC arenas ("mapping of buffer object failed" on every candidate).
+        `program`: what Python runs (tests run a worker a candidate has taken over). `triton_cache`: a
+        subfolder of Triton's cache that is this worker's own (one per GPU of a pool)."""
         cuda = device.startswith("cuda")
         sandbox = not cuda or os.environ.get("FORGE_CUDA_SANDBOX") == "1"
         self.triton_cache = triton_cache

@@ -24,7 +24,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from forge.confidence import noisy, speedup_ci
@@ -35,44 +35,13 @@ from forge.progress import Progress
 from forge.search.confirm import Entry, decision, retimed, top
 from forge.search.dedup import Seen, duplicate
 from forge.search.mcts import FAIL, MCTS, Node, reward_of
+from forge.search.outcome import Budget, TaskOutcome  # noqa: F401 - forge.search.driver.Budget: the API's name
 from forge.search.payloads import knobs_of, payload_of, policy_error
 from forge.search.probe import deepen, probe, probe_size, searched_before
 from forge.search.recorder import NodeRow, Recorder, TaskRow
 from forge.tasks.cut import Task
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Limits of one optimize run."""
-
-    candidates: int = 400  # over all tasks: a cap; the wall time is what ends a run by default
-    per_task: int = 16
-    min_per_task: int = 4  # the probe: every searched task's first candidates (measure eager time and floor)
-    seconds: float = 300.0  # wall time of the search (forge optimize: of the whole run, see forge.job)
-    patience: int = 8  # candidates without improvement before a task stops
-    parallel: int = 4  # candidates selected (and built) at once
-    min_share: float = 0.01  # tasks below this share of model time are not searched
-
-
-@dataclass(frozen=True)
-class TaskOutcome:
-    """What the search found for one task."""
-
-    key: str
-    family: str
-    share: float
-    eager_us: float | None
-    best_us: float | None
-    candidates: int
-    status: str  # "improved" | "no gain" | "no gain (within noise)" | "not mine" | "skipped"
-    stop_reason: str
-    best: Candidate | None = None  # the winner (None: eager stays; forge.job builds it)
-    floor_us: float | None = None  # the roofline floor: the task's bytes at the device's copy bandwidth
-    speedup: float | None = None  # the best node's own (its eager over its median; eager_us and best_us are its)
-    speedup_ci: tuple[float, float] | None = None  # its 95% interval (forge.confidence)
-    noisy: bool = False  # its timing (or its eager's) spread too far (forge.confidence.noisy)
 
 
 class TaskSearch:

@@ -131,9 +131,9 @@ def test_scan_kernels_match_the_library_under_the_interpreter(tmp_path):
         for o, r, m in zip(outs, ref, spec.outputs, strict=True):
             assert not o.isnan().any(), (case, knobs, "unwritten elements")
             err = rel_error(o, r)
-            errors.append(err)
+            errors.append(f"{case.t} tokens {m.short()} {err:.1e}")
             assert err <= tolerance(m.dtype).kernel, (case, knobs, m.dtype, err)
-    print("max errors against the library:", ", ".join(f"{e:.1e}" for e in errors))
+    print("max errors against the library:", "; ".join(errors))
 
 
 @pytest.mark.slow

@@ -2,8 +2,10 @@
 (forge.policy.recipes): the root gets a few diverse schedules, a node gets its one-knob mutations. For tasks no
 recipe can express (matmul, convolution, gathers) it says "not mine": no proposals.
 
-A scan task (the gated delta rule's chunk loop, forge.capture.scans) has a lowering of its own on the CPU
-(forge.policy.recipes.scan: the whole loop as one C kernel); on a GPU no recipe writes it yet.
+A scan task (the gated delta rule's chunk loop, forge.capture.scans) has a lowering of its own: on the CPU the
+whole chunk loop as one C kernel (forge.policy.recipes.scan), on a GPU the rule's recurrent form in Triton
+(forge.policy.recipes.triton_scan). That one is the scan's only GPU lowering, so it is proposed whenever triton is
+installed, `--policy recipes` included: without it the task stays with the library's ATen loop.
 
 On a GPU a task has two lowerings, CUDA C++ and Triton (forge.policy.recipes.triton_kernels), each with its own
 knobs: the root gets seeds of both, so the search chooses the backend at the first level of the tree and tunes
@@ -22,7 +24,7 @@ from typing import Any
 
 from forge.kernel import Candidate, Feedback, TaskSpec
 from forge.policy.base import Policy
-from forge.policy.recipes import cuda, pointwise, rowreduce, scan, triton_kernels
+from forge.policy.recipes import cuda, pointwise, rowreduce, scan, triton_kernels, triton_scan
 from forge.policy.recipes.emit import NotMine
 from forge.policy.recipes.triton_common import WHOLE_ROW_MAX, TritonKnobs, TritonRowKnobs
 
@@ -43,6 +45,7 @@ _SPACES: dict[type, dict[str, tuple[Any, ...]]] = {
     TritonKnobs: {"block": (1024, 512, 2048, 4096), "warps": (4, 2, 8)},
     TritonRowKnobs: {"chunk": (0, 1024, 2048, 4096, 8192), "warps": (4, 8, 16, 2, 1)},
     scan.ScanKnobs: {"parallel": (True, False), "simd": (True, False), "fast_math": (False, True)},
+    triton_scan.TritonScanKnobs: {"block_v": (32, 8, 16, 64), "warps": (4, 1, 2, 8), "prefetch": (False, True)},
 }
 _TRITON = (TritonKnobs, TritonRowKnobs)
 
@@ -78,8 +81,8 @@ class RecipePolicy(Policy):
             reasons = []
             for kind, mod in (("pointwise", pointwise), ("rows", rowreduce), ("scan", scan)):
                 try:
-                    if kind == "scan" and self.gpu:
-                        raise NotMine("the scan recipe writes C for the CPU only")
+                    if kind == "scan" and self.gpu and importlib.util.find_spec("triton") is None:
+                        raise NotMine("the scan recipe on a GPU is Triton, which is not installed")
                     self._lowered[spec.key] = _Lowered(kind, mod.lower(spec))
                     break
                 except NotMine as e:
@@ -100,14 +103,14 @@ class RecipePolicy(Policy):
         """The knobs dataclass of the task's native recipe on this device (C on a CPU, CUDA on a GPU)."""
         kind = self.lowered(spec).kind
         if kind == "scan":
-            return scan.ScanKnobs
+            return triton_scan.TritonScanKnobs if self.gpu else scan.ScanKnobs
         if self.gpu:
             return cuda.CudaKnobs if kind == "pointwise" else cuda.CudaRowKnobs
         return pointwise.Knobs if kind == "pointwise" else rowreduce.RowKnobs
 
     def knob_classes(self, spec: TaskSpec) -> tuple[type, ...]:
         """The knobs dataclasses of every lowering of the task on this device: the native one, then Triton's."""
-        if not self.triton:
+        if not self.triton or self.lowered(spec).kind == "scan":  # a scan's one lowering (Triton on a GPU)
             return (self.knob_class(spec),)
         return self.knob_class(spec), TritonKnobs if self.lowered(spec).kind == "pointwise" else TritonRowKnobs
 
@@ -156,6 +159,8 @@ class RecipePolicy(Policy):
             return [TritonKnobs(), TritonKnobs(4096, 8)]
         if cls is TritonRowKnobs:
             return _triton_row_seeds(low.length)
+        if cls is triton_scan.TritonScanKnobs:
+            return triton_scan.seeds(low)
         space = _relevant(_SPACES[cls], cls, self.lowered(spec))
         combos = list(itertools.product(*space.values()))
         picks = [combos[0]] + combos[1::max(1, len(combos) // 5)]
@@ -177,6 +182,8 @@ class RecipePolicy(Policy):
             try:
                 if isinstance(knobs, _TRITON):
                     self._sources[key] = triton_kernels.candidate(spec, knobs, low.low)
+                elif isinstance(knobs, triton_scan.TritonScanKnobs):
+                    self._sources[key] = triton_scan.candidate(spec, low.low, knobs)
                 elif self.gpu:
                     self._sources[key] = cuda.candidate(spec, knobs, low.low)
                 elif low.kind == "scan":
@@ -194,7 +201,8 @@ class RecipePolicy(Policy):
         """The C (cpu), CUDA or Triton source for these knobs."""
         cand = self._render(spec, payload)
         if cand is None:
-            lang = "Triton" if isinstance(payload, _TRITON) else "CUDA" if self.gpu else "C"
+            lang = "Triton" if isinstance(payload, (*_TRITON, triton_scan.TritonScanKnobs)) else \
+                "CUDA" if self.gpu else "C"
             raise NotMine(f"no {lang} kernel for {payload}")
         return cand
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--profile", type=Path, default=ROOT / "profiles" / "qwen35.cuda.bf16.json")
     p.add_argument("--json", help="write the rows as JSON")
+    p.add_argument("--only", default="", help="a regular expression: only the variants whose knobs match it")
     args = p.parse_args()
 
     import torch
@@ -58,7 +60,7 @@ def main() -> int:
     rendered = {}
     for k in knobs:  # one per distinct kernel
         rendered.setdefault(policy.render(spec, k).source.split("\n", 1)[1].replace(repr(k), ""), k)
-    knobs = list(rendered.values())
+    knobs = [k for k in rendered.values() if re.search(args.only, repr(k))]
     print(f"{spec.key}: {[m.shape for m in spec.inputs]} -> {[m.shape for m in spec.outputs]}; profile "
           f"{task['ms'] / task['count']:.2f} ms a layer; {len(knobs)} variants", flush=True)
     rows, start = [], time.monotonic()

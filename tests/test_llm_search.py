@@ -377,19 +377,19 @@ def code_of(source: str, words: str = "Here is the kernel.") -> str:
 @pytest.mark.slow
 def test_a_bank_of_kernels_finds_and_applies_the_fast_one_within_the_default_budget_evaluating_no_source_twice(
         tmp_path):
-    """`forge optimize` as a user runs it (the default budget, --seconds 120) against a server answering from a
+    """`forge optimize` as a user runs it (the default budget) against a server answering from a
     fixed bank: the fast kernel is found and applied; answers that differ from an earlier one only in comments
     and spacing are stored as duplicates, never evaluated again."""
     db, out = tmp_path / "forge.db", tmp_path / "report.json"
     with FakeLLM(bank) as server:
         r = run_forge(["optimize", str(MODELS / "pointwise_chain.py"), "--policy",
-                       f"openai-compatible:{server.url}/v1:fake-coder", "--seconds", "120", "--no-inductor",
+                       f"openai-compatible:{server.url}/v1:fake-coder", "--no-inductor",
                        "--db", str(db), "--out", str(tmp_path / "runs"), "--json", str(out)],
                       {"FORGE_CACHE": str(tmp_path / "cache")})
         prompts = [s.prompt for s in server.completions()]
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
-    assert report["applied"] and report["variant"]["kernels"] and report["outputs_match"], report["variant"]
+    assert report["applied"] and report["variant"]["kernels"] and report["outputs_match"], r.stderr[-4000:]
     manifest = json.loads((Path(report["artifact"]) / "manifest.json").read_text())
     (applied,) = manifest["kernels"]
     assert (Path(report["artifact"]) / applied["kernel_source"]).read_text() == CHAIN["fast"]  # the fast one

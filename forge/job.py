@@ -221,6 +221,7 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
                               resume=bool(resume))
             kernels = winners(outcomes, prof.tasks, ev)
             tuned_on = ev.device_model
+        pol.close()  # before the end-to-end check loads the found kernels here: no LLM request after the search
         log.info("the search ended at %.1f s of the run", time.monotonic() - start)
         shown.stage("variants")
         report = _result(loaded, store, run, pol, kernels, cap, tuple(outcomes), budget, start, folder, inductor,

@@ -113,16 +113,49 @@ class Candidate:
         return h.hexdigest()[:16]
 
 
-_BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.S)
+# a C/C++/CUDA string or character literal (kept as written), or a comment (left out)
+_C_TOKEN = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.S)
 
 
 def normal_form(source: str, comment: str) -> str:
-    """A source without comments (`comment`: the line comment, "//" or "#"; C block comments for "//") and
-    with every run of whitespace one space."""
-    if comment == "//":
-        source = _BLOCK_COMMENT.sub(" ", source)
-    source = re.sub(rf"{re.escape(comment)}[^\n]*", " ", source)
-    return " ".join(source.split())
+    """A source without comments (`comment`: the line comment, "//" for C/C++/CUDA with their block comments,
+    "#" for Python) and with its spacing normalised but its lines kept: two sources with the same normal form
+    are the same program. In C, runs of spaces within a line become one and a line's indentation goes (a
+    newline ends a preprocessor directive, so lines stay lines); in Python, the tokens of each logical line are
+    respaced, blank lines and comments go, and the indentation stays. String literals are kept as written."""
+    return _python_form(source) if comment == "#" else _c_form(source)
+
+
+def _c_form(source: str) -> str:
+    literals: list[str] = []
+
+    def keep(m: re.Match[str]) -> str:  # a literal is set aside; a comment is one space, even across lines
+        if m[0][0] in "\"'":
+            literals.append(m[0])
+            return f"\0{len(literals) - 1}\0"
+        return " "
+
+    lines = (" ".join(line.split()) for line in _C_TOKEN.sub(keep, source).splitlines())
+    return re.sub(r"\0(\d+)\0", lambda m: literals[int(m[1])], "\n".join(line for line in lines if line))
+
+
+def _python_form(source: str) -> str:
+    import io
+    import tokenize
+
+    try:
+        tokens = [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type not in (tokenize.COMMENT, tokenize.NL)]
+        return tokenize.untokenize(tokens)
+    except (tokenize.TokenError, SyntaxError):  # not Python: lines without trailing comments or spacing
+        lines = []
+        for line in source.splitlines():
+            if "'" not in line and '"' not in line:
+                line = line.split("#", 1)[0]
+            body = line.lstrip()
+            if body:
+                lines.append(line[:len(line) - len(body)] + " ".join(body.split()))
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,11 @@ class Step:
     """One scripted response: an answer, or a fault."""
 
     text: str = ""
-    # "" | "429" | "500" | "timeout" | "malformed" | "refusal" | "401" | "hang" (never answers) |
-    # "no-usage" (an answer without usage) | "length" (the provider says it stopped at max_tokens)
+    # "" | "429" | "500" | "400" (a request the server rejects: not retried) | "timeout" | "malformed" |
+    # "refusal" | "hang" (never answers) |
+    # "no-usage" (an answer without usage) | "length" (the provider says it stopped at max_tokens) |
+    # "drip" (one byte a second from the status line on, never finishing) | "drip-body" (the headers at once,
+    # then one byte of the body a second, never finishing: no read ever waits long enough to time out)
     fault: str = ""
     tokens_out: int | None = None  # the usage to report (None: characters / 4), e.g. more than max_tokens
     retry_after: str | None = None  # the 429's retry-after header
@@ -49,6 +52,7 @@ class FakeLLM:
 
     respond: Callable[[str], list[Step]]
     key: str = ""  # when set, requests must carry it (Authorization: Bearer or x-api-key), else 401
+    list_fault: str = ""  # "drip": the model listing (GET /v1/models) comes a byte a second, never finishing
     seen: list[Seen] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -66,6 +70,8 @@ class FakeLLM:
                 pass
 
             def do_GET(self) -> None:  # noqa: N802
+                if fake.list_fault == "drip":
+                    return fake._drip(self, True)
                 if not fake._authorized(self.headers):
                     return self._json(401, {"error": {"type": "authentication_error", "message": "invalid key"}})
                 self._json(200, {"object": "list", "data": [{"id": "fake-coder", "object": "model", "created": 0,
@@ -120,6 +126,21 @@ class FakeLLM:
         got = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ")  # type: ignore[attr-defined]
         return got == self.key
 
+    def _drip(self, h: BaseHTTPRequestHandler, head_too: bool) -> None:
+        """Send a response of 1 MB one byte a second until the server stops (or the client goes)."""
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000000\r\n\r\n"
+        data = head + b'{"id": "x", "choices": [{"message": {"content": "' + b"x" * 999_900
+        if not head_too:
+            h.wfile.write(head)
+            data = data[len(head):]
+        for i in range(len(data)):
+            try:
+                h.wfile.write(data[i:i + 1])
+            except OSError:
+                return  # the client cut the connection
+            if self._stop.wait(1.0):
+                return
+
     def _answer(self, h: BaseHTTPRequestHandler, body: dict) -> None:
         anthropic = h.path.rstrip("/").endswith("/messages")
         users = [m for m in body.get("messages", []) if m.get("role") == "user"]
@@ -145,6 +166,10 @@ class FakeLLM:
                 headers = {"retry-after": step.retry_after} if step.retry_after is not None else {}
                 return h._json(429, {"type": "error", "error": {"type": "rate_limit_error",
                                                                 "message": "slow down"}}, headers)
+            if step.fault == "400":
+                seen.status = 400
+                return h._json(400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                                "message": "this request is not accepted"}})
             if step.fault == "500":
                 seen.status = 500
                 return h._json(500, {"type": "error", "error": {"type": "api_error", "message": "boom"}})
@@ -153,6 +178,8 @@ class FakeLLM:
             if step.fault == "hang":
                 self._stop.wait()  # until the server stops: a model that never answers
                 return None
+            if step.fault in ("drip", "drip-body"):
+                return self._drip(h, step.fault == "drip")
             if step.fault == "malformed":
                 return h._raw(200, b'{"id": "x", "choices": [{"message": {"content": "trunc')
             seen.tokens_in = sum(len(str(m.get("content", ""))) for m in body.get("messages", [])) // 4 + \

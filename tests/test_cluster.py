@@ -191,3 +191,34 @@ def test_forge_optimize_with_two_cpu_workers(tmp_path, monkeypatch):
                  "--no-inductor", "--db", str(tmp_path / "f.db"), "--json", str(tmp_path / "r.json")]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["outputs_match"] is True and sum(t["candidates"] for t in report["tasks"]) > 0
+
+
+def test_closing_the_slots_judges_nothing_more():
+    """A job that has not taken its slot when the evaluator closes (Ctrl-C) never judges: the one judging
+    finishes, the waiting one is cancelled."""
+    import concurrent.futures as cf
+    import threading
+
+    from forge.evaluate.pool import Slots
+
+    slots: Slots[str] = Slots(["only"])
+    started, release, ran = threading.Event(), threading.Event(), []
+
+    def long_job(slot: str) -> str:
+        started.set()
+        release.wait(5)
+        ran.append("long")
+        return "judged"
+
+    first = slots.submit(long_job)
+    started.wait(5)
+    second = slots.submit(lambda slot: ran.append("second") or "judged")  # waits for the one slot
+    closer = threading.Thread(target=slots.close)
+    closer.start()
+    while not slots._closing.is_set():  # close() has begun (it then waits for the judging job)
+        time.sleep(0.01)
+    release.set()
+    closer.join(10)
+    assert first.result() == "judged" and ran == ["long"]
+    with pytest.raises(cf.CancelledError):
+        second.result()

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -162,8 +163,12 @@ def test_bad_input_is_one_line_and_exit_2(run, exported, tmp_path, capsys):
     db, run_id = run
     assert main(["export", run_id, str(exported), "--db", str(db)]) == 2  # not empty
     assert main(["export", "nope", str(tmp_path / "x"), "--db", str(db)]) == 2
+    for bad in ("/tmp/elsewhere", "../up", 'say"hi', "Not_A_Name"):  # a name becomes paths, TOML and a package
+        assert main(["export", run_id, str(tmp_path / "y"), "--db", str(db), "--name", bad]) == 2
+    assert not (tmp_path / "y").exists() and not Path("/tmp/elsewhere").exists()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(e.startswith("forge: error:") for e in err)
+    assert len(err) == 6 and all(e.startswith("forge: error:") for e in err)
+    assert "Invalid --name" in err[-1]
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +263,26 @@ def test_the_universal_package_runs_both_forms_in_a_fresh_process(triton_exporte
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == "ok 3"
+
+
+def test_module_settings_that_are_no_python_literal_render_as_code():
+    from forge.export.align import LayerSpec
+    from forge.export.render import layers_py
+
+    spec = LayerSpec("clamp-0123", "Clamp", "m.Clamp", 'blocks.0"""; import os; """', "x", ("",), (4,), 0, (4,),
+                     (("hi", float("inf")), ("lo", float("-inf")), ("training", False), ("w", (1.0, float("nan")))))
+    text = layers_py({"Clamp": (spec, "clamp")})
+    ns: dict = {}
+    exec(compile(text.replace("from . import _KERNELS", "_KERNELS = {}"), "layers.py", "exec"), ns)  # noqa: S102
+    assert ns["_Clamp_CONFIG"]["hi"] == float("inf") and ns["_Clamp_CONFIG"]["training"] is False
+    assert "import os" not in ns["Clamp"].__doc__.split("(")[0] and '"""; import os' not in text
+
+
+def test_a_cpu_kernel_runs_only_where_the_cpu_has_the_flags_it_was_built_with(exported, tmp_path):
+    from forge.export.package._runtime import _PLATFORM, Form, cpu_flags
+
+    entries = [e for f in exported.rglob("kernels.json") for e in json.loads(f.read_text())["kernels"]
+               if e["native"] and e["device_type"] == "cpu"]
+    assert entries and all(set(e["cpu_flags"]) == set(cpu_flags()) and e["cpu_flags"] for e in entries)
+    other = {**entries[0], "platform": _PLATFORM, "cpu_flags": [*entries[0]["cpu_flags"], "avx10_9_future"]}
+    assert not Form(tmp_path, "ns", other).available  # another CPU's -march=native: the reference runs

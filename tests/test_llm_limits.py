@@ -13,6 +13,7 @@ builds and workers, real `forge optimize` processes.
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -26,9 +27,10 @@ from llm_server import FakeLLM, Step
 from forge.bench import BenchConfig
 from forge.capture.model_input import load_file
 from forge.capture.profile import profile_model
+from forge.errors import UserError
 from forge.evaluate.evaluator import Evaluator
 from forge.kernel import Candidate, NoKernel, Status, TaskSpec
-from forge.policy.llm import LLMConfig, LLMPolicy
+from forge.policy.llm import LLMConfig, LLMPolicy, broker
 from forge.policy.llm.cache import CallLog
 from forge.policy.llm.limits import BudgetSpent, LLMError, answer_cap
 from forge.policy.llm.prices import Price
@@ -56,14 +58,29 @@ def spec():
     return TaskSpec.of(prof.tasks[0])
 
 
+@pytest.mark.parametrize("fault", ["hang", "drip", "drip-body"])
 @pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
-def test_a_request_ends_at_the_deadline(cls, provider, path):
-    with FakeLLM(lambda p: [Step(fault="hang")]) as server:
-        chat = chat_of(cls, provider, path, server)
+def test_a_request_ends_at_the_deadline(cls, provider, path, fault):
+    """A server that never answers, or sends a byte a second and never finishes (no read times out): the
+    request ends at the deadline all the same, counted at its worst case (it may have been billed)."""
+    with FakeLLM(lambda p: [Step(fault=fault)]) as server:
+        chat = chat_of(cls, provider, path, server, Price(1.0, 1.0))
         start = time.monotonic()
-        with pytest.raises(LLMError, match="Timeout|deadline") as e:
+        with pytest.raises(LLMError, match="Timeout|deadline|cut") as e:
             chat.complete("s", [{"role": "user", "content": "x"}], 100, deadline=start + 3.0)
-        assert time.monotonic() - start < 5.0 and e.value.status is Status.PROVIDER_ERROR
+        took = time.monotonic() - start
+        assert took < 4.5 and e.value.status is Status.PROVIDER_ERROR, took
+        assert e.value.usd > 0 and chat.ledger.spent == pytest.approx(e.value.usd) and chat.ledger.reserved == 0
+
+
+@pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
+def test_the_check_before_a_run_ends_on_a_server_that_lists_models_a_byte_a_second(cls, provider, path):
+    with FakeLLM(lambda p: [Step("x")], list_fault="drip") as server:
+        chat = cls(ProviderSpec(provider, "fake-coder", server.url + path), "k", RetryConfig(timeout_s=2.0))
+        start = time.monotonic()
+        with pytest.raises(UserError, match="no answer within 2 s"):
+            chat.check()
+        assert time.monotonic() - start < 3.5
 
 
 @pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
@@ -95,6 +112,36 @@ def test_max_usd_is_never_passed_with_requests_in_flight(cls, provider, path, tm
     assert len(answered) == len(server.completions()) == 3 and server.max_in_flight <= 3
     assert all(isinstance(o, BudgetSpent) and o.status is Status.NOT_ASKED for o in outcomes if o not in answered)
     assert calls.budget_spent() and "LLM budget spent" in calls.budget_spent()
+
+
+@pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
+def test_a_provider_reporting_more_than_max_tokens_is_charged_at_the_bound(cls, provider, path, tmp_path):
+    """A server that says it wrote 5000 tokens for max_tokens=1000 (it would cost $0.50 each at $100 per
+    million): charged 1000, so --max-usd 0.35 holds; the counts it reported are stored, the call marked."""
+    store = Store(tmp_path / "f.db")
+    run = store.create_run("m")
+    with FakeLLM(lambda p: [Step("x" * 400, tokens_out=5000, sleep_s=0.3)]) as server:
+        calls = CallLog(ProviderSpec(provider, "fake-coder"), chat_of(cls, provider, path, server),
+                        Price(100.0, 100.0), max_usd=0.35, max_tokens=1000)
+        calls.bind(store, run.id)
+        threads = [threading.Thread(target=ask_quietly, args=(calls, i)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    stored = store.llm_calls(run.id)
+    assert len(stored) == len(server.completions()) == 3
+    assert all(c.status == "overreported" and c.tokens_out == 5000 for c in stored)
+    assert all(c.usd == pytest.approx(Price(100.0, 100.0).cost(c.tokens_in, 1000)) for c in stored)
+    assert store.run_cost(run.id).usd <= 0.35 and calls.spent == pytest.approx(store.run_cost(run.id).usd)
+
+
+def ask_quietly(calls, i):
+    """One request of a thread; its LLMError (a request with no room in the budget) is what the test expects."""
+    try:
+        calls.ask(SYSTEM, [("user", Prompt(f"request {i}", f"request {i}"))])
+    except LLMError:
+        pass
 
 
 @pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
@@ -174,15 +221,17 @@ def test_the_snoop_kernel_finds_a_key_it_can_see(spec, tmp_path):
 
 
 @pytest.mark.slow
-def test_no_process_forge_starts_holds_a_key(tmp_path):
-    """A real run: the keys in forge's environment, the server requiring one, the snoop kernel the answer: it
-    passes in the workers and matches eager in the end-to-end check (in the optimize process): it saw no key."""
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_no_process_forge_starts_holds_a_key(wire, tmp_path):
+    """A real run in each wire format: the keys in forge's environment, the server requiring one, the snoop kernel
+    the answer: it passes in the workers and matches eager in the end-to-end check (in the optimize process):
+    it saw no key."""
     secret = "sk-forge-leaktest-" + secrets.token_hex(8)
     db, out = tmp_path / "forge.db", tmp_path / "report.json"
     with FakeLLM(snoop_answer, key=secret) as server:
-        env = {"OPENAI_API_KEY": secret, "ANTHROPIC_API_KEY": secret, "GITHUB_TOKEN": secret,
-               "OPENAI_BASE_URL": server.url + "/v1"}
-        r = forge(["optimize", str(MODELS / "pointwise_chain.py"), "--policy", "openai:gpt-4o-mini", "--budget", "4",
+        policy, env = keyed(wire, server, secret)
+        env = {"OPENAI_API_KEY": secret, "ANTHROPIC_API_KEY": secret, "GITHUB_TOKEN": secret, **env}
+        r = forge(["optimize", str(MODELS / "pointwise_chain.py"), "--policy", policy, "--budget", "4",
                    "--seconds", "120", "--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs"),
                    "--json", str(out)], {**env, "FORGE_CACHE": str(tmp_path / "cache")})
         assert server.completions() and all(s.status == 200 for s in server.completions())  # the key was sent
@@ -198,22 +247,124 @@ def test_no_process_forge_starts_holds_a_key(tmp_path):
             assert secret.encode() not in f.read_bytes(), f
 
 
+# the two wire formats through the key holder: the key in forge's environment, the server requiring it
+KEYED = {"openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "/v1", "openai:gpt-4o-mini"),
+         "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "", "anthropic:claude-test-model")}
+
+
+def keyed(wire, server, secret):
+    """(--policy, environment) of a run through the key holder against `server` in `wire`'s format."""
+    key, url, path, policy = KEYED[wire]
+    return policy, {key: secret, url: server.url + path}
+
+
+def stall(prompt):
+    """A server that never answers some requests and sends others a byte a second, never finishing."""
+    if "different approach" in prompt:
+        return [Step(fault="drip")]
+    if "vectorised inner loops" in prompt:
+        return [Step(fault="drip-body")]
+    return [Step(fault="hang")]
+
+
 @pytest.mark.slow
-def test_a_hanging_server_ends_a_60_second_run_within_90(tmp_path):
+@pytest.mark.parametrize("wire", ["keyless", "openai", "anthropic"])
+def test_a_hanging_server_ends_a_60_second_run_within_90(wire, tmp_path):
+    """Keyless (the job's own process sends), and through the key holder in both formats: requests that hang
+    and requests that drip a byte a second all end by the deadline, and no thread keeps a process alive."""
     db = tmp_path / "forge.db"
-    with FakeLLM(lambda p: [Step(fault="hang")]) as server:
+    secret = "sk-forge-hang-" + secrets.token_hex(4)
+    with FakeLLM(stall, key="" if wire == "keyless" else secret) as server:
+        policy, env = (f"openai-compatible:{server.url}/v1:fake-coder", {}) if wire == "keyless" else \
+            keyed(wire, server, secret)
         start = time.monotonic()
-        r = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy",
-                   f"openai-compatible:{server.url}/v1:fake-coder", "--seconds", "60", "--no-inductor",
-                   "--db", str(db), "--out", str(tmp_path / "runs")], {"FORGE_CACHE": str(tmp_path / "cache")},
+        r = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy", policy, "--seconds", "60", "--no-inductor",
+                   "--db", str(db), "--out", str(tmp_path / "runs")], {**env, "FORGE_CACHE": str(tmp_path / "cache")},
                   timeout=200)
         took = time.monotonic() - start
+        prompts = [s.prompt for s in server.completions()]
+        assert all(s.status == 200 for s in server.completions())  # the key reached the server
     assert r.returncode == 0, r.stderr
     assert took < 90, took
+    sent = [f[0].fault for f in map(stall, prompts)]
+    assert {"hang", "drip", "drip-body"} <= set(sent), sent  # requests that hang and that drip were sent
     store = Store(db)
     (run,) = store.list_runs()
     failed = [c for t in store.get_tasks(run.id) for c in store.candidates(t.id) if c.parent_id is not None]
     assert failed and {c.status for c in failed} <= {"provider_error", "not_asked"}, {c.status for c in failed}
+    print(f"{wire}: the --seconds 60 run took {took:.1f} s")
+
+
+@pytest.mark.parametrize("cls,provider,path", WIRES, ids=IDS)
+def test_the_key_holder_ends_a_request_by_the_runs_deadline_whatever_the_child_asks(cls, provider, path):
+    """The child asks for 1000 s; the key holder's run ends in 3 s: the request (a server dripping a byte a
+    second) ends then, counted at its worst case."""
+    with FakeLLM(lambda p: [Step(fault="drip-body")]) as server:
+        chat = chat_of(cls, provider, path, server, Price(1.0, 1.0))
+        ours, theirs = socket.socketpair()
+        start = time.monotonic()
+        holder = threading.Thread(target=broker.serve, args=(ours, chat), kwargs={"deadline": start + 3.0})
+        holder.start()
+        ask = {"id": 1, "system": "s", "messages": [{"role": "user", "content": "x"}], "max_tokens": 100,
+               "seconds_left": 1000}
+        theirs.sendall(json.dumps(ask).encode() + b"\n")
+        answer = json.loads(theirs.makefile("rb").readline())
+        took = time.monotonic() - start
+        theirs.close()  # the child is done: the key holder stops serving
+        holder.join(5)
+    assert took < 4.5 and answer["status"] == "provider_error" and "cut" in answer["error"], (took, answer)
+    assert answer["spent"] > 0 and not holder.is_alive()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_max_usd_holds_through_the_key_holder_even_when_the_provider_overreports(wire, tmp_path):
+    """$100 per million tokens: a request's worst case (its prompt bytes and 8192 tokens out) is about $2, so
+    --max-usd 5 has room for two in flight; the server reports 50,000 tokens out for every answer ($5 each as
+    reported). The key holder charges each at most its reservation: never past $5, requests in flight
+    included, and the search stops on the budget."""
+    secret = "sk-forge-usd-" + secrets.token_hex(4)
+    db, prices, out = tmp_path / "forge.db", tmp_path / "prices.json", tmp_path / "report.json"
+    prices.write_text(json.dumps({"openai": {"gpt-4o-mini": {"in": 100.0, "out": 100.0}},
+                                  "anthropic": {"claude-test-model": {"in": 100.0, "out": 100.0}}}))
+    with FakeLLM(lambda p: [Step(f"```cpp\n{GOOD}```\n", tokens_out=50_000, sleep_s=1.0)], key=secret) as server:
+        policy, env = keyed(wire, server, secret)
+        r = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy", policy, "--max-usd", "5", "--prices",
+                   str(prices), "--budget", "12", "--seconds", "120", "--no-inductor", "--db", str(db), "--out",
+                   str(tmp_path / "runs"), "--json", str(out)], {**env, "FORGE_CACHE": str(tmp_path / "cache")})
+        answered = [s for s in server.completions() if s.status == 200]
+    assert r.returncode == 0, r.stderr
+    store = Store(db)
+    (run,) = store.list_runs()
+    calls = store.llm_calls(run.id)
+    cost = store.run_cost(run.id)
+    assert 0 < cost.usd <= 5.0 and json.loads(out.read_text())["cost"]["usd"] == pytest.approx(cost.usd)
+    assert len(calls) == len(answered) >= 2 and server.max_in_flight >= 2  # requests were in flight together
+    assert all(c.status == "overreported" and c.tokens_out == 50_000 for c in calls)
+    assert all(c.usd == pytest.approx(Price(100.0, 100.0).cost(c.tokens_in, 8192)) for c in calls)
+    assert any(t.stop_reason.startswith("LLM budget spent") for t in store.get_tasks(run.id))
+
+
+@pytest.mark.slow
+def test_a_kernel_loaded_after_the_search_cannot_reach_the_key_holder(tmp_path):
+    """The spend kernel is correct and, in the job's process (the end-to-end check), writes an LLM request of its
+    own to the descriptor of the channel to the key holder: closed when the search ended, it reaches nothing."""
+    secret = "sk-forge-spend-" + secrets.token_hex(4)
+    db, out, tried = tmp_path / "forge.db", tmp_path / "report.json", tmp_path / "spend.log"
+    spend = (Path(__file__).parent / "llm" / "spend.cpp").read_text()
+    with FakeLLM(lambda p: [Step(f"```cpp\n{spend}```\n")], key=secret) as server:
+        policy, env = keyed("openai", server, secret)
+        r = forge(["optimize", str(MODELS / "pointwise_chain.py"), "--policy", policy, "--budget", "4", "--seconds",
+                   "120", "--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs"), "--json", str(out)],
+                  {**env, "FORGE_CACHE": str(tmp_path / "cache"), "FORGE_SPEND_LOG": str(tried)})
+        prompts = [s.prompt for s in server.completions()]
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    ran = [m for m in report["variants"] if m["variant"]["kernels"] and not m["variant"]["rewrites"]]
+    assert ran and all(m["match"] for m in ran), ran  # the kernel ran in the job's process
+    assert tried.read_text().startswith("fd "), "the kernel never tried"  # it wrote its request there...
+    assert prompts and not any("SPENT-BY-A-KERNEL" in p for p in prompts)  # ...and it reached no server
+    assert len(Store(db).llm_calls(report["run_id"])) == len(prompts)
 
 
 def tree(store, run_id):
@@ -223,33 +374,58 @@ def tree(store, run_id):
 
 
 def bank(prompt):
+    """A fixed bank: the good kernel, a refusal, a request the server rejects (an error), a wrong kernel;
+    repairs and optimizations get the good kernel."""
     if "Make it faster" in prompt or "by the compiler" in prompt or "wrong_result" in prompt:
         return [Step(f"Fixed.\n\n```cpp\n{GOOD}```\n")]
     if "different approach" in prompt:
-        return [Step(f"```cpp\n{GOOD.replace('4096', '2048')}```\n")]
+        return [Step("I can't help with that.", fault="refusal")]
+    if "vectorised inner loops" in prompt:
+        return [Step(fault="400")]
     if "cache blocking" in prompt:
         return [Step(f"```cpp\n{GOOD.replace('sinf(x[i])', 'sinf(x[i] + 1)')}```\n")]  # wrong
     return [Step(f"```cpp\n{GOOD}```\n")]
 
 
 @pytest.mark.slow
-def test_replay_from_the_run_id_alone_offline_without_a_key(tmp_path):
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_replay_from_the_run_id_alone_offline_without_a_key(wire, tmp_path):
+    """A run through the key holder, then `forge optimize --replay RUN` and nothing else (no model, budget or
+    seconds, no key, the server gone): the same tree, sources and statuses, the refusal refused again and
+    the error an error again."""
     db = tmp_path / "forge.db"
     # 4 candidates: the root's first attempts, whatever the timings (deeper, the tree follows measured times)
-    common = ["--budget", "4", "--seconds", "120", "--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs")]
+    common = ["--no-inductor", "--db", str(db), "--out", str(tmp_path / "runs")]
     env = {"FORGE_CACHE": str(tmp_path / "cache")}
-    with FakeLLM(bank, key="local-key") as server:
-        first = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy",
-                       f"openai-compatible:{server.url}/v1:fake-coder", *common],
-                      {**env, "OPENAI_COMPATIBLE_API_KEY": "local-key"})
+    with FakeLLM(bank, key="sk-forge-replay") as server:
+        policy, keys = keyed(wire, server, "sk-forge-replay")
+        first = forge(["optimize", str(MODELS / "sincos_erf.py"), "--policy", policy, "--budget", "4",
+                       "--seconds", "120", *common], {**env, **keys})
     assert first.returncode == 0, first.stderr
     store = Store(db)
     (run,) = store.list_runs()
-    assert run.policy == f"openai-compatible:{server.url}/v1:fake-coder"
-    again = forge(["optimize", str(MODELS / "sincos_erf.py"), "--replay", run.id, *common], env)  # server stopped
+    assert run.policy == policy
+    again = forge(["optimize", "--replay", run.id, *common], env)  # server stopped, no key
     assert again.returncode == 0, again.stderr
     replayed = next(r for r in store.list_runs() if r.id != run.id)
-    assert replayed.policy == run.policy
+    assert replayed.policy == run.policy and replayed.model == run.model and replayed.config["budget"] == \
+        run.config["budget"]
     assert tree(store, replayed.id) == tree(store, run.id) and tree(store, run.id)
-    assert {c.status for c in store.llm_calls(replayed.id)} == {"replayed"}
+    assert {"ok", "refused", "provider_error", "wrong_result"} <= {status for _, _, status in tree(store, run.id)}
+    as_replayed = {"ok": "replayed", "refusal": "replayed-refusal", "error": "replayed-error"}
+    assert sorted(as_replayed[c.status] for c in store.llm_calls(run.id)) == \
+        sorted(c.status for c in store.llm_calls(replayed.id))
     assert store.run_cost(replayed.id).usd == 0
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--replay", "r-nope"], "no run 'r-nope' to replay"),
+    (["--replay", "RECIPES"], "it made no LLM calls to replay"),
+    (["--replay", "EVAL"], "only optimize runs replay"),
+])
+def test_a_run_that_cannot_be_replayed_is_one_line(args, says, tmp_path):
+    store = Store(tmp_path / "forge.db")
+    runs = {"RECIPES": store.create_run("m.py", device="cpu", policy="recipes", config={"budget": {}}).id,
+            "EVAL": store.create_run("m.py", device="cpu", policy="openai:gpt-4o-mini").id}
+    r = forge(["optimize", *[runs.get(a, a) for a in args], "--db", str(tmp_path / "forge.db")], {}, timeout=120)
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -2,6 +2,9 @@
 gives its model; answers are read for the last complete block of the right language; the verifier's mismatch
 summary and the compiler's report reach the prompts. Real templates, real compiler, real worker."""
 
+import re
+import shutil
+import types
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from forge.evaluate.evaluator import Evaluator
 from forge.evaluate.mismatch import Mismatch, mismatch
 from forge.kernel import Candidate, EvalResult, Feedback, Status, TaskSpec, Timing
 from forge.policy.llm.cache import CallLog
-from forge.policy.llm.facts import compiler_report, cpu_facts, without_report
+from forge.policy.llm.facts import compiler_report, cpu_facts, cuda_facts, gpu_facts, without_report
 from forge.policy.llm.parse import Malformed, extract_code, parse_answer
 from forge.policy.llm.policy import Idea, LLMPolicy, _Node
 from forge.policy.llm.prices import PriceTable
@@ -34,10 +37,10 @@ def spec():
     return TaskSpec.of(next(t for t in prof.tasks if t.family == "softmax" or "softmax" in t.key))
 
 
-def _policy() -> LLMPolicy:
+def _policy(device: str = "cpu") -> LLMPolicy:
     """A policy whose call log has no connection: these tests render prompts and never send one."""
     spec = ProviderSpec.parse("openai-compatible:http://127.0.0.1:9/v1:none")
-    return LLMPolicy(CallLog(spec, None, PriceTable().price(spec.provider, spec.model)), "cpu")
+    return LLMPolicy(CallLog(spec, None, PriceTable().price(spec.provider, spec.model)), device)
 
 
 def _parent(pol: LLMPolicy, spec: TaskSpec, cand: Candidate, res: EvalResult) -> _Node:
@@ -62,18 +65,22 @@ def _timed(us: float) -> Timing:
     return Timing(us, us, us, us, 0.0, 10)
 
 
-def _task_elements(text: str, spec: TaskSpec) -> None:
-    """What every request kind but repair-format shows of the task."""
+def _task_elements(text: str, spec: TaskSpec, device: str = "OpenMP runs") -> None:
+    """What every request kind but repair-format shows of the task: the reference and its module, every input
+    and output with dtype, shape and strides (inputs random during verification), eager time, share, floor, the
+    device, the lineage. The softmax task's causal mask: a bool input, random too."""
     assert spec.source.strip().splitlines()[-1].strip() in text  # the reference
-    assert spec.module and spec.module in text and "masked_fill" in text  # the module it came from, with source
+    assert spec.module and spec.module in text and spec.module_source.strip() in text  # its module, with source
     for i, m in enumerate(spec.inputs):
         assert f"`in[{i}]`: {m.dtype}, shape {list(m.shape)}, strides {list(m.stride)}" in text
-    assert "bool" in text and "random during verification" in text  # the causal mask is random too
+    assert "random during verification" in text
+    if any(m.dtype == "bool" for m in spec.inputs):
+        assert "bool" in text and "masked_fill" in text  # the causal mask and where it comes from
     for j, m in enumerate(spec.outputs):
-        assert f"`out[{j}]`: {m.dtype}, shape {list(m.shape)}" in text
-    assert "eager PyTorch:" in text and "% of the model's time" in text and "roofline floor:" in text
-    assert str(spec.floor_bytes) in text
-    assert "OpenMP runs" in text and "## Lineage" in text
+        assert f"`out[{j}]`: {m.dtype}, shape {list(m.shape)}, strides {list(m.stride)}" in text
+    assert "eager PyTorch:" in text and f"{100 * spec.share:.1f}% of the model's time" in text
+    assert "roofline floor:" in text and str(spec.floor_bytes) in text
+    assert device in text and "## Lineage" in text
 
 
 def test_system_prompt_has_abi_header_example_and_rules():
@@ -120,7 +127,62 @@ def test_optimize_prompt_has_task_lineage_timing_and_compiler_report(spec, tmp_p
     assert f"code {cand.digest[:8]}" in text and "ok, 40.00 us" in text  # the parent, its digest and time
     assert "Its other children" in text and "build_error" in text  # the failed sibling
     assert "The compiler's report" in text and "line " in text and "vectoriz" in text
+    # the traffic its time implies (10 us floor of 40: a quarter of the measured bandwidth): not memory-bound
+    achieved = spec.floor_bytes / 40.0 / 1e3
+    assert f"memory traffic: {achieved:.1f} GB/s achieved" in text and f"of the {4 * achieved:.1f} GB/s" in text
+    assert "far from the memory floor" in text
     pol.close()
+
+
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+@pytest.mark.skipif(NVCC is None, reason="no nvcc: the CUDA kernel cannot be built here")
+def test_a_cuda_optimize_prompt_shows_ptxas_registers_shared_memory_and_spills(spec, tmp_path):
+    """A real nvcc build (it compiles without a GPU): the optimize prompt of a CUDA policy quotes ptxas's
+    registers, shared memory, barriers, stack frame and spills, and a repair prompt gets none of them."""
+    cand = Candidate("cuda", (Path(__file__).parent / "llm" / "rowsum.cu").read_text())
+    built = build(cand, "sm_90", cache_dir=tmp_path)
+    assert built.ok, built.log
+    report = compiler_report(built.log)
+    assert re.search(r"Used \d+ registers, used 1 barriers, 1024 bytes smem", report), report
+    assert re.search(r"\d+ bytes stack frame, \d+ bytes spill stores, \d+ bytes spill loads", report), report
+    assert "Compiling entry function" in report and "$ " not in report  # not the command line
+    pol = _policy("cuda")
+    parent = _parent(pol, spec, cand, EvalResult(Status.OK, build_log=built.log, timing=_timed(8.0),
+                                                 baseline=_timed(20.0), floor_us=4.0))
+    text = pol._prompt(spec, "optimize", parent, 0, pol._nodes[pol.propose(spec, parent.idea)[0].id]).text
+    _task_elements(text, spec, device="GPU:")
+    assert "```cuda" in text and "__shared__ float part" in text
+    for line in report.splitlines():
+        assert line in text  # registers, shared memory and spills of the kernel, as ptxas gave them
+    assert "bytes smem" not in without_report(built.log) and "spill stores" not in without_report(built.log)
+    pol.close()
+
+
+def test_gpu_facts_state_the_h200_as_torch_reports_it():
+    """torch's properties of an H200 (as one reported them: 132 SMs, 60 MiB of L2, 227 KiB of opt-in shared
+    memory per block): every fact a kernel writer needs, in numbers that are right."""
+    h200 = types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132, clock_rate=1980000,
+                                 L2_cache_size=62914560, shared_memory_per_block_optin=232448,
+                                 shared_memory_per_multiprocessor=233472, regs_per_multiprocessor=65536, warp_size=32,
+                                 max_threads_per_block=1024, max_threads_per_multi_processor=2048,
+                                 total_memory=150754820096, memory_clock_rate=3201000, memory_bus_width=6144)
+    text = gpu_facts(h200)
+    for fact in ("NVIDIA H200 (sm_90)", "132 SMs at up to 1.98 GHz", "L2 60 MiB", "up to 227 KiB per block",
+                 "228 KiB of shared memory per SM", "65536 32-bit registers per SM", "warps of 32 threads",
+                 "1024 threads per block and 2048 per SM", "140 GiB memory at a peak of 4.9 TB/s"):
+        assert fact in text, (fact, text)
+    old = types.SimpleNamespace(**{k: v for k, v in vars(h200).items() if k not in ("memory_clock_rate", "clock_rate")})
+    assert "TB/s" not in gpu_facts(old) and "GHz" not in gpu_facts(old)  # what torch does not report is left out
+
+
+@pytest.mark.cuda
+def test_cuda_facts_are_the_devices_own():
+    props = torch.cuda.get_device_properties("cuda")
+    text = cuda_facts("cuda")
+    assert props.name in text and f"sm_{props.major}{props.minor}" in text
+    assert f"{props.multi_processor_count} SMs" in text and f"{props.regs_per_multiprocessor} 32-bit" in text
 
 
 def test_repair_build_prompt_has_the_errors_without_the_vectoriser_noise(spec, tmp_path):
@@ -156,6 +218,11 @@ def test_repair_wrong_prompt_shows_where_the_output_is_wrong(spec, tmp_path):
     text = pol._prompt(sincos, "repair-wrong", parent, 0, pol._nodes[idea.id]).text
     assert "**wrong_result**" in text and "tail only" in text and "expected" in text and ", got " in text
     assert sincos.source.strip().splitlines()[-1].strip() in text and "## Lineage" in text
+    _task_elements(text, sincos)  # and the whole task: tensors, eager time, share, floor, device
+    # a wrong result is never timed: the task's eager time and floor are what the search measured on other nodes
+    pol.told(sincos, Feedback(eager_us=120.0, floor_us=15.0, tried=2))
+    text = pol._prompt(sincos, "repair-wrong", parent, 0, pol._nodes[idea.id]).text
+    assert "eager PyTorch: 120.00 us" in text and "roofline floor: 15.00 us" in text
     pol.close()
 
 

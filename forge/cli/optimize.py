@@ -14,7 +14,10 @@ from forge.errors import UserError
 if TYPE_CHECKING:
     from forge.evaluate.pool import Scale
     from forge.policy.base import Policy
-    from forge.store import Store
+    from forge.search.driver import Budget
+    from forge.store import RunRecord, Store
+
+BUDGET, SECONDS = 400, 300.0  # --budget and --seconds when not given (a replay or a resume: the run's own)
 
 
 def add_optimize(sub: argparse._SubParsersAction) -> None:
@@ -26,11 +29,12 @@ def add_optimize(sub: argparse._SubParsersAction) -> None:
                    "openai-compatible:BASE_URL:MODEL, or recipes+ before an LLM policy to mix them (docs/llm.md)")
     p.add_argument("--max-usd", type=float, help="LLM budget in US dollars: the search stops when it is spent")
     p.add_argument("--replay", metavar="RUN", help="answer every LLM request from run RUN's stored calls only "
-                   "(no network, no key)")
+                   "(no network, no key); alone, RUN's model, device, dtype, mode, policy, layout, blocks and budget "
+                   "(--budget, --seconds override them)")
     p.add_argument("--prices", metavar="JSON", help="LLM prices overriding forge/policy/llm/prices.json")
-    p.add_argument("--budget", type=int, default=400, help="candidates over all tasks, at most (default 400: a cap; "
+    p.add_argument("--budget", type=int, help="candidates over all tasks, at most (default 400: a cap; "
                    "--seconds is what ends a run)")
-    p.add_argument("--seconds", type=float, default=300.0, help="wall time of the whole run: capture, search, "
+    p.add_argument("--seconds", type=float, help="wall time of the whole run: capture, search, "
                    "rewrites and the final timing; the first Inductor compilation starts even when it is spent, so "
                    "that the result is never behind torch.compile for want of time (default 300)")
     p.add_argument("--inductor", action=argparse.BooleanOptionalAction, default=True,
@@ -90,23 +94,24 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if _isolated_from_keys(args):
         return _run_isolated(args)
     store = Store(args.db)
+    budget = None
     if args.resume:  # the run's own model (unless one is given: it must match), device, dtype and budget
         from forge.job import resumable
 
         run = resumable(store, args.resume)
-        load = run.config.get("load", {})
         if not args.model and not args.zoo:
-            args.model, args.zoo = load.get("file"), load.get("zoo")
-            for k, v in load.get("sizes", {}).items():
-                setattr(args, k, v)
-            if not args.model and not args.zoo:
-                raise UserError(f"run {run.id} does not say how its model was loaded: give the model ({run.model})")
+            _model_of(args, run)
         args.device, args.dtype, args.policy = run.device, run.dtype, run.policy
         args.eval = run.config.get("mode", "eval") == "eval"  # the run's mode (runs stored before it was: eval)
+    elif args.replay and not args.model and not args.zoo:
+        budget = _replayed(args, store)
     scale = _scale(args)
     loaded = load_model(args)
     pol = _policy(args, store, loaded.device)
-    budget = Budget(candidates=args.budget, seconds=args.seconds, per_task=max(4, min(args.budget, 16)))
+    if budget is None:
+        candidates = args.budget if args.budget is not None else BUDGET
+        budget = Budget(candidates=candidates, seconds=args.seconds if args.seconds is not None else SECONDS,
+                        per_task=max(4, min(candidates, 16)))
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k) is not None}
     load = {"file": str(Path(args.model).resolve()) if args.model else None, "zoo": args.zoo, "sizes": sizes}
     with terminal.RunProgress(terminal.console(stderr=True)) as shown:  # live on a terminal, lines when piped
@@ -120,6 +125,47 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
     return 0
+
+
+def _model_of(args: argparse.Namespace, run: RunRecord) -> None:
+    """The stored run's model, as it was loaded (a file or a zoo model and its sizes), into `args`."""
+    load = run.config.get("load", {})
+    args.model, args.zoo = load.get("file"), load.get("zoo")
+    for k, v in load.get("sizes", {}).items():
+        setattr(args, k, v)
+    if not args.model and not args.zoo:
+        raise UserError(f"run {run.id} does not say how its model was loaded: give the model ({run.model})")
+
+
+def _replayed(args: argparse.Namespace, store: Store) -> Budget:
+    """`--replay RUN` alone: RUN's model, device, dtype, mode, policy, layout and blocks into `args`, and its
+    budget (--budget and --seconds, when given, override it); UserError when RUN cannot be replayed."""
+    from dataclasses import replace
+
+    from forge.job import RECIPE_POLICIES
+    from forge.search.driver import Budget
+
+    try:
+        run = store.get_run(args.replay)
+    except KeyError:
+        raise UserError(f"no run {args.replay!r} to replay in the store {store.where} (--db PATH|URL or "
+                        "FORGE_DB=PATH|URL points at another store)") from None
+    if "budget" not in run.config:
+        raise UserError(f"run {run.id} was not made by forge optimize ({run.policy or 'no policy'}): only optimize "
+                        "runs replay")
+    if run.policy in RECIPE_POLICIES:
+        raise UserError(f"run {run.id} searched with --policy {run.policy}: it made no LLM calls to replay")
+    _model_of(args, run)
+    args.device, args.dtype, args.policy = run.device, run.dtype, run.policy
+    args.eval = run.config.get("mode", "eval") == "eval"
+    layout = run.config.get("layout")  # as captured: "" is the model's own (row-major)
+    args.layout = "auto" if layout is None else layout or "row-major"
+    if args.blocks is None:
+        args.blocks = bool(run.config.get("blocks"))
+    budget = Budget(**run.config["budget"])
+    if args.budget is not None:
+        budget = replace(budget, candidates=args.budget)
+    return budget if args.seconds is None else replace(budget, seconds=args.seconds)
 
 
 def _scale(args: argparse.Namespace) -> Scale:
@@ -152,19 +198,20 @@ def _run_isolated(args: argparse.Namespace) -> int:
     sends the child's requests: the process that loads kernels holds no secret."""
     from forge.policy.llm import broker, keyholder_chat
 
-    name = args.policy
+    name, seconds = args.policy, args.seconds if args.seconds is not None else SECONDS
     if args.resume:
         from forge.job import resumable
         from forge.store import Store
 
-        name = resumable(Store(args.db), args.resume).policy
+        run = resumable(Store(args.db), args.resume)
+        name, seconds = run.policy, run.config["budget"].get("seconds", seconds)
     from forge.job import RECIPE_POLICIES
 
     llm = name not in (*RECIPE_POLICIES, "") and not args.replay
     if name in RECIPE_POLICIES and not args.replay and (args.max_usd is not None or args.prices):
         raise UserError("--max-usd, --replay and --prices apply to LLM policies (e.g. --policy openai:MODEL)")
     chat = keyholder_chat(name, max_usd=args.max_usd, prices=args.prices) if llm else None
-    return broker.run_isolated(args.argv, chat)
+    return broker.run_isolated(args.argv, chat, seconds)  # no request outlasts the run's --seconds
 
 
 def resume_command(args: argparse.Namespace, run_id: str) -> str:

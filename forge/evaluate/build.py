@@ -142,8 +142,9 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
         text, ok = "", True
         for cmd in commands(candidate, src, out, arch):
             try:
+                # its own session: Ctrl-C reaches forge only, so a compiler it interrupts is no build error
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tmp,
-                                      env=scrubbed_env(), stdin=subprocess.DEVNULL)
+                                      env=scrubbed_env(), stdin=subprocess.DEVNULL, start_new_session=True)
                 text += f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
                 ok = proc.returncode == 0
             except subprocess.TimeoutExpired:

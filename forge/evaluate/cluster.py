@@ -209,7 +209,8 @@ class RayEvaluator(BaseEvaluator):
             raise Lost(f"the Ray actor {i} {why}; its candidate is judged again",
                        EvalResult(Status.CRASH, "every Ray actor that judged it was lost", device=self.device))
 
-        return self.slots.submit(job)
+        # the actor is taken once the build is done: its time limit is the judging's, not the build's
+        return self.slots.submit(job, ready=lambda: ray.wait([built], num_returns=1))
 
     def _heal(self, i: int) -> None:
         """Wait (START_S at most) for Ray to have started actor `i` again, so that the next job finds it up

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import queue
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -41,6 +42,7 @@ class Slots(Generic[S]):
             raise ValueError("no judging slots")
         self.all = list(slots)
         self._free: queue.Queue[S] = queue.Queue()
+        self._closing = threading.Event()  # close(): a job that has not taken its slot yet judges nothing
         for s in self.all:
             self._free.put(s)
         # twice as many threads as slots: a job waiting for its build (`ready`) holds a thread, not a slot
@@ -59,6 +61,8 @@ class Slots(Generic[S]):
             for attempt in range(self.tries):
                 slot = self._free.get()
                 try:
+                    if self._closing.is_set():
+                        raise cf.CancelledError("the evaluator is closing")
                     return job(slot)
                 except Lost as e:
                     self.lost += 1
@@ -72,7 +76,9 @@ class Slots(Generic[S]):
         return self._pool.submit(run)
 
     def close(self) -> None:
-        """Wait for the running jobs, drop the waiting ones and stop the threads."""
+        """Wait for the jobs judging now, drop the others (waiting for a build or a slot: cancelled) and stop
+        the threads."""
+        self._closing.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 

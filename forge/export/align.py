@@ -57,7 +57,7 @@ def _owner(nodes: list[torch.fx.Node]) -> str | None:
 def _config(mod: torch.nn.Module) -> tuple[tuple[str, object], ...]:
     keep = []
     for k, v in vars(mod).items():
-        if k.startswith("_") or k == "training":
+        if k.startswith("_"):  # `training` is kept: a kernel captured in eval mode is no train-mode forward
             continue
         if isinstance(v, _CONFIG_TYPES) or (isinstance(v, tuple) and all(isinstance(x, _CONFIG_TYPES) for x in v)):
             keep.append((k, v))

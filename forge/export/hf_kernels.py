@@ -40,6 +40,7 @@ from forge.capture.layout import capture_in
 from forge.errors import UserError
 from forge.export import render
 from forge.export.align import LayerSpec, layers
+from forge.export.package._runtime import cpu_flags
 from forge.kernel import KernelArtifact
 from forge.review.data import find_run, task_view
 from forge.runtime import artifact
@@ -87,6 +88,8 @@ def _entry(k: KernelArtifact, name: str, lib: bool) -> dict[str, Any]:
     b = BACKENDS[k.backend]
     file = f"kernels/{name}{Path(k.path).suffix}" if lib and b.native else f"kernels/{name}{b.suffix}"
     native = {"platform": f"{platform.machine()}-{platform.system().lower()}"} if b.native else {}
+    if b.native and b.device == "cpu":  # built with -march=native: the CPU it may run on (see cpu_flags)
+        native["cpu_flags"] = sorted(cpu_flags())
     return {**native, "name": name, "key": k.key, "backend": k.backend, "native": b.native, "device_type": b.device,
             "entry": k.entry,
             "file": file, "reference": f"references/{name}.py", "inputs": [m.to_json() for m in k.inputs],
@@ -101,7 +104,8 @@ def triton_forms(store: Store, run_id: str, kernels: list[KernelArtifact]) -> li
     for k in kernels:
         if not BACKENDS[k.backend].native or k.key not in tasks:
             continue
-        ok = [c for c in store.candidates(tasks[k.key].id) if c.backend == TRITON.name and c.status == "ok"]
+        ok = [c for c in store.candidates(tasks[k.key].id) if c.backend == TRITON.name and c.status == "ok"
+              and all(e.status == "ok" for e in store.evaluations(c.id))]  # a re-timing found none wrong
         if ok:
             best = max(ok, key=lambda c: (c.reward if c.reward is not None else float("-inf"), -c.id))
             out.append(dataclasses.replace(k, backend=TRITON.name, path="", entry=best.entry,
@@ -166,6 +170,8 @@ def export(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any], fo
            name: str | None = None) -> ExportResult:
     """Write run `ref`'s kernels as a kernel repository in `folder` (see the module doc); `model` on `inputs` is
     the run's model (its capture tells which kernels are one module: forge.export.align)."""
+    if name is not None and not re.fullmatch(r"[a-z][a-z0-9-]{0,63}", name):
+        raise UserError(f"Invalid --name: {name!r} (lowercase letters, digits and '-', starting with a letter)")
     info, data, kernels = kernels_of(store, ref, model, inputs)
     name = name or re.sub(r"[^a-z0-9-]+", "-", f"forge-{info['run_id']}".lower()).strip("-")
     pyname = name.replace("-", "_")

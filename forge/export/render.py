@@ -3,6 +3,8 @@ tests, build.toml and the card (README.md). Pure functions of the export's plan 
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from forge.backends import BACKENDS
@@ -37,19 +39,33 @@ def init_py(pyname: str, kernels: list[Exported], layer_names: list[str]) -> str
     return "\n".join(lines)
 
 
+def _safe(text: str) -> str:
+    """Text for inside a generated docstring: no quotes or backslashes that could end it."""
+    return re.sub(r'["\\]', "_", text)
+
+
+def _literal(v: object) -> str:
+    """A Python literal of a module setting; inf and nan as float("inf") / float("nan") (their repr is no literal)."""
+    if isinstance(v, tuple):
+        return "(" + "".join(f"{_literal(x)}, " for x in v) + ")"
+    if isinstance(v, float) and not math.isfinite(v):
+        return f'float("{v}")'
+    return repr(v)
+
+
 def _layer(spec: LayerSpec, name: str) -> str:
     numel = 1
     for d in spec.arg_shape:
         numel *= d
     args = ", ".join(f"{spec.arg_name}.reshape({spec.arg_shape!r})" if not i else f"self.{i}" for i in spec.inputs)
-    config = ", ".join(f"{k!r}: {v!r}" for k, v in spec.config)
+    config = ", ".join(f"{k!r}: {_literal(v)}" for k, v in spec.config)
     return f'''
 
 _{spec.layer_name}_CONFIG = {{{config}}}
 
 
 class {spec.layer_name}(nn.Module):
-    """{spec.module_class} ({spec.module_path} in the exported model) through kernel `{name}`; the module's own
+    """{spec.module_class} ({_safe(spec.module_path)} in the exported model) through kernel `{name}`; the module's own
     forward where its attributes differ from the exported one's or the kernel's guard does not hold."""
 
     can_torch_compile = True

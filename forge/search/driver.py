@@ -100,6 +100,7 @@ class TaskSearch:
         self.lock: threading.RLock = threading.RLock()  # search() gives the tasks probed at once one lock
         self.seen = Seen()  # the task's evaluated sources, by normal digest: none is evaluated twice
         self.repairs: list[Node] = []  # failed nodes the policy will repair on purpose, oldest first
+        self.interrupted = threading.Event()  # set from another thread: stop after the batch in flight
 
     def start(self) -> None:
         """Record the root (the eager baseline) unless a recorded tree was restored."""
@@ -189,7 +190,7 @@ class TaskSearch:
         """Evaluate batches until `until` candidates in all, or a stop condition (then `self.stop` says which).
         Important: all but the evaluations runs under `self.lock`, which the tasks probed at once share (the
         policy and the store are not thread-safe)."""
-        while self.stop is None and self.tried < until:
+        while self.stop is None and self.tried < until and not self.interrupted.is_set():
             with self.lock:
                 batch = self._select(until, deadline, budget)
             if batch is None:

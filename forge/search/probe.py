@@ -42,9 +42,16 @@ def probe(states: list[TaskSearch], left: Callable[[], int], ev: BaseEvaluator, 
         spare -= n
         targets.append((s, s.tried + n))
     if targets:
-        with cf.ThreadPoolExecutor(at_once, thread_name_prefix="forge-task") as pool:
+        pool = cf.ThreadPoolExecutor(at_once, thread_name_prefix="forge-task")
+        try:
             for f in [pool.submit(s.run, until, ev, deadline, budget) for s, until in targets]:
                 f.result()
+        except BaseException:  # Ctrl-C (or a bug): every task stops after the batch it is in, none starts
+            for s, _ in targets:
+                s.interrupted.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def probe_size(budget: Budget, tasks: int) -> int:

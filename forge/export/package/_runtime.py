@@ -29,6 +29,18 @@ _CODES = {dt: code for dt, code in DTYPES.values()}
 _PLATFORM = f"{platform.machine()}-{platform.system().lower()}"
 
 
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this machine's CPU (Linux: /proc/cpuinfo), empty where unknown. A CPU
+    kernel is built for the exporting machine's CPU (-march=native): it runs only where the CPU has every flag
+    that one had (an instruction it lacks would kill the process with SIGILL), the reference elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    return frozenset(line.partition(":")[2].split())
+
+
 class ForgeTensor(ctypes.Structure):
     """forge_abi.h's ForgeTensor."""
 
@@ -57,9 +69,11 @@ def _native(path: Path, entry: str, cuda: bool) -> Callable[[list[torch.Tensor],
     def launch(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
         keep: list[Any] = []
         args = [_forge_tensors(inputs, keep), len(inputs), _forge_tensors(outputs, keep), len(outputs)]
-        if cuda:
-            args.append(torch.cuda.current_stream(inputs[0].device).cuda_stream)
-        rc = fn(*args)
+        if cuda:  # launched on the inputs' device (the kernel launches on the current one) and its stream
+            with torch.cuda.device(inputs[0].device):
+                rc = fn(*args, torch.cuda.current_stream(inputs[0].device).cuda_stream)
+        else:
+            rc = fn(*args)
         if rc != 0:
             raise RuntimeError(f"{path.name}: {entry} returned {rc}")
 
@@ -95,7 +109,8 @@ class Form:
     def __init__(self, root: Path, namespace: str, e: dict[str, Any]) -> None:
         self.device_type, self.backend = e["device_type"], e["backend"]
         # machine code runs where it was built; a Triton module where triton is installed
-        self.available = e.get("platform", _PLATFORM) == _PLATFORM and \
+        needs = frozenset(e.get("cpu_flags", ()))
+        self.available = e.get("platform", _PLATFORM) == _PLATFORM and needs <= cpu_flags() and \
             (e["native"] or importlib.util.find_spec("triton") is not None)
         if not self.available:
             return

@@ -19,6 +19,7 @@ import functools
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -28,13 +29,14 @@ import sys
 import threading
 import time
 from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from forge.evaluate.sandbox import nondumpable
 from forge.kernel import Status
+from forge.policy.llm.deadline import DaemonPool
 from forge.policy.llm.limits import Ledger, LLMError, NotSent
 from forge.policy.llm.prices import Price
 from forge.policy.llm.providers import Chat, ProviderSpec, Reply, RetryConfig
@@ -69,9 +71,11 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_isolated(argv: list[str], chat: Chat | None) -> int:
-    """Run `forge ARGV` in a child without credentials; with `chat`, answer its LLM requests until it exits.
-    Returns the child's exit status."""
+def run_isolated(argv: list[str], chat: Chat | None, seconds: float | None = None) -> int:
+    """Run `forge ARGV` in a child without credentials; with `chat`, answer its LLM requests until it exits or
+    closes its end (it does when its search is over), none outlasting the run's `seconds` from now whatever the
+    child asks. Returns the child's exit status."""
+    deadline = time.monotonic() + seconds if seconds else None
     env = child_env()
     cmd = [sys.executable, "-m", "forge.cli", *argv]
     ours, theirs = socket.socketpair() if chat is not None else (None, None)
@@ -87,7 +91,7 @@ def run_isolated(argv: list[str], chat: Chat | None) -> int:
         nondumpable()  # a process of the same user cannot read this one's memory or environment
         blank_credentials()  # nor can root read the keys in /proc/<pid>/environ
         if ours is not None and chat is not None:
-            serve(ours, chat)
+            serve(ours, chat, deadline=deadline)
         return proc.wait()
     finally:
         if previous is not None:
@@ -122,25 +126,31 @@ def blank_credentials() -> int:
 
 
 # -- the key holder's side -------------------------------------------------------------------------------
-def serve(sock: socket.socket, chat: Chat, workers: int = 16) -> None:
-    """Answer JSON-line requests on `sock` with `chat` until the other end closes it."""
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="forge-keyholder")
+def serve(sock: socket.socket, chat: Chat, workers: int = 16, deadline: float | None = None) -> None:
+    """Answer JSON-line requests on `sock` with `chat` until the other end closes it; no request outlasts
+    `deadline` (time.monotonic()), whatever the other end asks. Requests still going when it closes are left
+    to end at their deadline (daemon threads: they never keep this process alive)."""
+    pool = DaemonPool(workers, "forge-keyholder")
     lock = threading.Lock()
     reader = sock.makefile("rb")
     try:
         while True:
             line = reader.readline(_MAX_LINE)
             if not line or not line.endswith(b"\n"):
-                break  # the child exited (or sent a line too long to be a request)
+                break  # the child is done with the LLM, or exited (or sent a line too long to be a request)
             try:
                 req = _request(json.loads(line))
             except (ValueError, TypeError, KeyError) as e:
                 log.warning("key holder: a malformed request ignored (%s)", e)
                 continue
-            pool.submit(_answer, chat, req, sock, lock)
+            pool.submit(_answer, chat, req, sock, lock, deadline)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown()
         reader.close()
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # answers still going find no one to send to
+        except OSError:
+            pass
         sock.close()
 
 
@@ -156,14 +166,16 @@ def _request(msg: Any) -> dict[str, Any]:
     max_tokens, left = msg.get("max_tokens"), msg.get("seconds_left")
     if not isinstance(max_tokens, int) or not 0 < max_tokens <= 1_000_000:
         raise ValueError("bad max_tokens")
-    if left is not None and not isinstance(left, (int, float)):
+    if left is not None and (not isinstance(left, (int, float)) or not math.isfinite(left)):
         raise ValueError("bad seconds_left")
     return {"id": msg["id"], "system": msg["system"], "messages": messages, "max_tokens": max_tokens,
             "seconds_left": left}
 
 
-def _answer(chat: Chat, req: dict[str, Any], sock: socket.socket, lock: threading.Lock) -> None:
-    deadline = None if req["seconds_left"] is None else time.monotonic() + float(req["seconds_left"])
+def _answer(chat: Chat, req: dict[str, Any], sock: socket.socket, lock: threading.Lock,
+            run_deadline: float | None) -> None:
+    asked = None if req["seconds_left"] is None else time.monotonic() + float(req["seconds_left"])
+    deadline = min((d for d in (asked, run_deadline) if d is not None), default=None)  # the child asks less only
     out: dict[str, Any] = {"id": req["id"]}
     try:
         out["reply"] = asdict(chat.complete(req["system"], req["messages"], req["max_tokens"], deadline=deadline))
@@ -191,12 +203,15 @@ class _Channel:
         self._ids = itertools.count(1)
         self._pending: dict[int, Future[dict[str, Any]]] = {}
         self._lock = threading.Lock()
+        self.closed = False
         threading.Thread(target=self._read, name="forge-llm-channel", daemon=True).start()
 
     def ask(self, body: dict[str, Any], wait: float | None) -> dict[str, Any]:
         """The key holder's answer to one request (raises LLMError when none comes in `wait` seconds)."""
         future: Future[dict[str, Any]] = Future()
         with self._lock:
+            if self.closed:
+                raise NotSent("the search is over: no more LLM requests")
             rid = next(self._ids)
             self._pending[rid] = future
             try:
@@ -211,6 +226,25 @@ class _Channel:
         finally:
             with self._lock:
                 self._pending.pop(rid, None)
+
+    def close(self) -> None:
+        """No more requests: the socket is shut down (the key holder sees its end and stops) and its descriptor
+        becomes /dev/null, so nothing loaded into this process later (the end-to-end check loads the found
+        kernels) can reach the key holder through it, nor find the number reused by a file; waiters get an
+        error, and so does a later `ask`."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, self.sock.fileno(), inheritable=False)
+        finally:
+            os.close(null)
 
     def _read(self) -> None:
         reader = self.sock.makefile("rb")
@@ -264,3 +298,7 @@ class RemoteChat(Chat):
 
     def check(self) -> None:
         """Nothing: the key holder checked the key before it started this process."""
+
+    def close(self) -> None:
+        """The search is over: the connection to the key holder is closed for good (see _Channel.close)."""
+        self._channel.close()

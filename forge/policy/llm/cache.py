@@ -2,10 +2,10 @@
 
 The request hash covers the provider, the model, the system prompt and the conversation with measured
 numbers masked (forge.policy.llm.prompts). A request whose hash has an answer from the network in the store
-(`ok`, `estimated`, `truncated`) is answered from it at no cost (stored as `cached`, or `cached-cut` for a cut
-answer); with `replay` only the calls of that run may answer, and a request without one fails its node
-instead of reaching the network. The client (forge.policy.llm.providers.Chat) reserves, prices and bounds
-each request; the CallLog stores what came back, with a status that says what happened.
+(`ok`, `estimated`, `truncated`, `overreported`) is answered from it at no cost (stored as `cached`, or
+`cached-cut` for a cut answer); with `replay` only the calls of that run may answer, and a request without
+one fails its node instead of reaching the network. The client (forge.policy.llm.providers.Chat) reserves,
+prices and bounds each request; the CallLog stores what came back, with a status that says what happened.
 """
 
 from __future__ import annotations
@@ -41,9 +41,15 @@ class Answer:
 
 __all__ = ["ANSWERED", "Answer", "BudgetSpent", "CallLog", "Message", "replay_answers", "request_hash"]
 
-FROM_NETWORK = ("ok", "estimated", "truncated")  # answers the cache may give again
+FROM_NETWORK = ("ok", "estimated", "truncated", "overreported")  # answers the cache may give again
 ANSWERED = (*FROM_NETWORK, "cached", "cached-cut", "replayed", "replayed-cut")  # answers a replay gives again
 _CUT = ("truncated", "cached-cut", "replayed-cut")
+_REFUSED = ("refusal", "content_filter", "empty")
+# what a replay gives again as it was (a refusal is refused again, an error is an error again), stored so
+_AS_REPLAYED = {"refusal": "replayed-refusal", "content_filter": "replayed-filter", "empty": "replayed-empty",
+                "error": "replayed-error"}
+_ORIGINAL = {v: k for k, v in _AS_REPLAYED.items()}
+Replay = dict[str, list[tuple[str, str]]]  # request hash -> (response, status) in the order the run had them
 
 
 def request_hash(spec: ProviderSpec, system: Prompt, messages: list[Message], max_tokens: int) -> str:
@@ -57,7 +63,7 @@ class CallLog:
     """Answers requests from the cache, a replayed run, or the provider; records and prices every call."""
 
     def __init__(self, spec: ProviderSpec, chat: Chat | None, price: Price, *, max_usd: float | None = None,
-                 replay: dict[str, tuple[str, str]] | None = None, max_tokens: int = 8192) -> None:
+                 replay: Replay | None = None, max_tokens: int = 8192) -> None:
         self.spec = spec
         self.chat = chat  # None with replay: no network at all
         self.price = price
@@ -87,17 +93,17 @@ class CallLog:
         """Why no more requests may be made, or None."""
         return self.chat.stop_reason(self.max_tokens) if self.chat is not None else None
 
+    def close(self) -> None:
+        """No more requests (the search is over): the client refuses any later one."""
+        if self.chat is not None:
+            self.chat.close()
+
     def ask(self, system: Prompt, messages: list[Message], task_id: int | None = None) -> Answer:
         """The answer to a request; raises LLMError (BudgetSpent, replay miss, provider failure)."""
         h = request_hash(self.spec, system, messages, self.max_tokens)
         prompt = _transcript(system, messages)
         if self.replay is not None:
-            if h not in self.replay:
-                raise NotSent("replay: the replayed run has no stored answer for this request")
-            text, status = self.replay[h]
-            cut = status in _CUT
-            return self._record(h, prompt, Reply(text, 0, 0, "length" if cut else "stop"), 0.0,
-                                "replayed-cut" if cut else "replayed", task_id, 0.0)
+            return self._replayed(h, prompt, task_id)
         hit = self.store.find_llm_call(h, status=FROM_NETWORK) if self.store else None
         if hit is not None:
             cut = hit.status == "truncated"
@@ -115,8 +121,26 @@ class CallLog:
             raise
         refused = reply.stop_reason in ("refusal", "content_filter")
         status = (reply.stop_reason if refused else "empty" if not reply.text.strip() else
-                  "truncated" if reply.truncated else "estimated" if reply.estimated else "ok")
+                  "truncated" if reply.truncated else "estimated" if reply.estimated else
+                  "overreported" if reply.overreported else "ok")
         return self._record(h, prompt, reply, reply.usd, status, task_id, time.perf_counter() - start)
+
+    def _replayed(self, h: str, prompt: str, task_id: int | None) -> Answer:
+        """The replayed run's answer to the request, as it was: an answer, a refusal or an error (raised)."""
+        with self._lock:
+            stored = self.replay.get(h) if self.replay is not None else None
+            if not stored:
+                raise NotSent("replay: the replayed run has no stored answer for this request")
+            text, status = stored.pop(0) if len(stored) > 1 else stored[0]  # in order; the last one repeats
+        if status == "error":
+            e = LLMError(text)
+            e.call_id = self._store(h, prompt, text, 0, 0, 0.0, 0.0, _AS_REPLAYED[status], task_id)
+            raise e
+        if status in _REFUSED:
+            return self._record(h, prompt, Reply(text, 0, 0, "stop"), 0.0, _AS_REPLAYED[status], task_id, 0.0)
+        cut = status in _CUT
+        return self._record(h, prompt, Reply(text, 0, 0, "length" if cut else "stop"), 0.0,
+                            "replayed-cut" if cut else "replayed", task_id, 0.0)
 
     def _record(self, h: str, prompt: str, reply: Reply, usd: float, status: str, task_id: int | None,
                 latency: float) -> Answer:
@@ -124,9 +148,10 @@ class CallLog:
                               task_id)
         log.info("%s %s: %d+%d tokens, $%.5f, %.2f s", self.spec.name, status, reply.tokens_in, reply.tokens_out,
                  usd, latency)
-        if status in ("refusal", "content_filter", "empty"):
+        refused = _ORIGINAL.get(status, status)
+        if refused in _REFUSED:
             e = LLMError(f"{self.spec.name} gave no kernel: "
-                         + ("it refused" if status != "empty" else "the answer was empty")
+                         + ("it refused" if refused != "empty" else "the answer was empty")
                          + (f" ({reply.text.strip()[:200]!r})" if reply.text.strip() else ""))
             e.call_id, e.status = call_id, Status.REFUSED
             raise e
@@ -151,6 +176,13 @@ def _transcript(system: Prompt, messages: list[Message]) -> str:
     return "\n\n".join([f"## system\n{system.text}", *(f"## {role}\n{p.text}" for role, p in messages)])
 
 
-def replay_answers(store: CallStore, run_id: str) -> dict[str, tuple[str, str]]:
-    """The answers a run received, by request hash: (text, status); refusals and errors are not answers."""
-    return {c.request_hash: (c.response, c.status) for c in store.llm_calls(run_id) if c.status in ANSWERED}
+def replay_answers(store: CallStore, run_id: str) -> Replay:
+    """What a run received, by request hash, in order: (text, status), refusals and errors (with their stored
+    words) too, so that a replay fails those nodes as they failed; a replayed refusal or error counts as the
+    original. Requests never sent (not_asked) were never stored: a replay does not send them either."""
+    out: Replay = {}
+    for c in store.llm_calls(run_id):
+        status = _ORIGINAL.get(c.status, c.status)
+        if status in ANSWERED or status in _AS_REPLAYED:
+            out.setdefault(c.request_hash, []).append((c.response, status))
+    return out

@@ -12,13 +12,17 @@ import os
 import re
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 _SIMD = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl",
          "avx512ifma", "avx512vbmi", "avx512_vbmi2", "avx512_vnni", "avx512_bf16", "avx512_fp16",
          "avx512_bitalg", "avx512_vpopcntdq", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8",
          "asimd", "asimdhp", "sve", "sve2", "i8mm", "bf16")
 _REPORT = re.compile(r"kernel\.\w+:(\d+):\d+: (optimized|missed|remark): (.*)")
-_PTXAS = re.compile(r"ptxas info\s*: (Used .*|Compiling entry function .*|.*bytes stack frame.*)")
+# ptxas -v: the entry compiled, its registers and shared memory, and (on a line of its own since CUDA 12) its
+# stack frame and spills
+_PTXAS = re.compile(r"ptxas info\s*: (Used .*|Compiling entry function .*|.*bytes stack frame.*)|"
+                    r"^\s+(\d+ bytes stack frame, .*)")
 
 
 def openmp_threads() -> int:
@@ -86,16 +90,38 @@ def cpu_facts() -> str:
 
 
 def cuda_facts(device: str) -> str:
-    """The GPU's name, architecture, SMs, L2, shared memory and memory."""
+    """The facts of the GPU `device` names (gpu_facts), or a line saying none is visible to this process."""
     import torch
 
-    p = torch.cuda.get_device_properties(device)
-    smem = getattr(p, "shared_memory_per_block_optin", 0) or getattr(p, "shared_memory_per_multiprocessor", 0)
-    regs = getattr(p, "regs_per_multiprocessor", 0)
-    return (f"GPU: {p.name} (sm_{p.major}{p.minor}), {p.multi_processor_count} SMs, L2 "
-            f"{getattr(p, 'L2_cache_size', 0) / 2**20:.0f} MiB, shared memory up to {smem / 1024:.0f} KiB per "
-            f"block" + (f", {regs} registers per SM" if regs else "")
-            + f", {p.total_memory / 2**30:.0f} GiB memory")
+    if not torch.cuda.is_available():
+        return f"GPU: {device}, not visible to this process (its facts are unknown here)"
+    return gpu_facts(torch.cuda.get_device_properties(device))
+
+
+def gpu_facts(p: Any) -> str:
+    """A GPU as a prompt states it, from torch's device properties: name and architecture, SMs and their clock,
+    the L2, shared memory per block (opt-in) and per SM, registers per SM, warp size and thread limits, memory
+    and its peak bandwidth (memory clock x bus width x 2, double data rate). Properties torch does not report
+    are left out."""
+    facts = [f"GPU: {p.name} (sm_{p.major}{p.minor}), {p.multi_processor_count} SMs"
+             + (f" at up to {p.clock_rate / 1e6:.2f} GHz" if getattr(p, "clock_rate", 0) else ""),
+             f"L2 {getattr(p, 'L2_cache_size', 0) / 2**20:.0f} MiB"]
+    optin, per_sm = getattr(p, "shared_memory_per_block_optin", 0), getattr(p, "shared_memory_per_multiprocessor", 0)
+    if optin:
+        facts.append(f"shared memory up to {optin // 1024} KiB per block (over 48 KiB by opt-in: "
+                     "cudaFuncSetAttribute MaxDynamicSharedMemorySize)")
+    if per_sm:
+        facts.append(f"{per_sm // 1024} KiB of shared memory per SM")
+    if getattr(p, "regs_per_multiprocessor", 0):
+        facts.append(f"{p.regs_per_multiprocessor} 32-bit registers per SM")
+    if getattr(p, "max_threads_per_block", 0):
+        facts.append(f"warps of {getattr(p, 'warp_size', 32)} threads, at most {p.max_threads_per_block} threads "
+                     f"per block and {getattr(p, 'max_threads_per_multi_processor', 0)} per SM")
+    facts.append(f"{p.total_memory / 2**30:.0f} GiB memory")
+    clock, bus = getattr(p, "memory_clock_rate", 0), getattr(p, "memory_bus_width", 0)
+    if clock and bus:  # kHz x bits
+        facts[-1] += f" at a peak of {clock * 1e3 * 2 * bus / 8 / 1e12:.1f} TB/s"
+    return ", ".join(facts)
 
 
 @cache
@@ -110,7 +136,8 @@ def compiler_report(build_log: str, limit: int = 24) -> str:
     seen: list[str] = []
     for line in build_log.splitlines():
         m = _REPORT.search(line)
-        text = f"line {m[1]}: {m[2]}: {m[3].strip()}" if m else (_PTXAS.search(line) or [None])[0]
+        ptxas = None if m else _PTXAS.search(line)
+        text = f"line {m[1]}: {m[2]}: {m[3].strip()}" if m else (ptxas[1] or ptxas[2]).strip() if ptxas else None
         if text and text not in seen:
             seen.append(text)
     return "\n".join(seen[:limit]) + (f"\n... ({len(seen) - limit} more)" if len(seen) > limit else "")
@@ -119,5 +146,6 @@ def compiler_report(build_log: str, limit: int = 24) -> str:
 def without_report(build_log: str) -> str:
     """A build log without the vectoriser's remarks and ptxas info (what a build error is read in)."""
     keep = [ln for ln in build_log.splitlines()
-            if not _REPORT.search(ln) and "ptxas info" not in ln and not ln.startswith(" scalar_type")]
+            if not _REPORT.search(ln) and not _PTXAS.search(ln) and "ptxas info" not in ln
+            and not ln.startswith(" scalar_type")]
     return "\n".join(keep)

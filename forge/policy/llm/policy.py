@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Callable
 from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,6 +25,7 @@ from forge.evaluate.mismatch import Mismatch
 from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, Status, TaskSpec
 from forge.policy.base import CallStore, Policy
 from forge.policy.llm.cache import CallLog, Message
+from forge.policy.llm.deadline import DaemonPool
 from forge.policy.llm.facts import compiler_report, device_facts, without_report
 from forge.policy.llm.limits import LLMError, quote
 from forge.policy.llm.parse import Malformed, parse_answer, prose
@@ -36,6 +37,7 @@ from forge.policy.llm.prompts import (
     render_prompt,
     system_prompt,
     task_context,
+    throughput,
 )
 from forge.policy.llm.tune import variants
 
@@ -107,7 +109,7 @@ class LLMPolicy(Policy):
         self.backend = backend or for_device(device).name
         self.config = config or LLMConfig()
         self.system = system_prompt(self.backend)
-        self._pool = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="forge-llm")
+        self._pool = DaemonPool(self.config.concurrency, "forge-llm")  # never joined at exit
         self._nodes: dict[int, _Node] = {}
         self._tasks: dict[str, _TaskLog] = {}
         self._ids = itertools.count(1)
@@ -127,8 +129,10 @@ class LLMPolicy(Policy):
         self.calls.deadline = deadline
 
     def close(self) -> None:
-        """Drop requests not yet sent."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Drop requests not yet sent and close the connection: once the search is over, nothing in this
+        process (a kernel loaded by the end-to-end check) can send a request."""
+        self._pool.shutdown()
+        self.calls.close()
 
     def refusal(self, spec: TaskSpec) -> str | None:
         """Any task is the model's to try, on a device its backend runs on."""
@@ -310,7 +314,7 @@ class LLMPolicy(Policy):
         if stats.best and stats.best_us and stats.best.source.strip() != code:
             best += f":\n\n```{LANG[self.backend]}\n{stats.best.source.strip()}\n```"
         return render_prompt("optimize", **common, code=code, best=best, report=compiler_report(res.build_log),
-                      time_us=measured(f"{t:.2f}" if t else "?"),
+                      traffic=throughput(spec.floor_bytes, floor, t), time_us=measured(f"{t:.2f}" if t else "?"),
                       percent=measured(f"{100 * floor / t:.0f}" if floor and t else "?"),
                       variation=_OPT_HINTS[variant % len(_OPT_HINTS)])
 

@@ -107,3 +107,19 @@ def task_context(spec: TaskSpec, eager_us: float | None = None, floor_us: float 
             "outputs": tensors(spec.outputs), "eager_us": _us(eager),
             "share": measured(f"{100 * spec.share:.1f}") if spec.share else "", "floor_us": _us(floor_us),
             "floor_bytes": spec.floor_bytes, "bandwidth": bandwidth}
+
+
+def throughput(floor_bytes: int, floor_us: float | None, time_us: float | None) -> str:
+    """What a correct kernel's time says of its memory traffic, from measurements the evaluation already made (no
+    profiler run): the bandwidth it achieves moving the task's bytes, against the one measured for the floor,
+    and whether memory bounds it. "" when either time is unknown."""
+    if not (floor_bytes and floor_us and time_us):
+        return ""
+    reached = floor_us / time_us
+    verdict = ("near the memory floor: only moving fewer bytes gains much more" if reached >= 0.7 else
+               "far from the memory floor: the time goes to computation, loops that are not vectorised or too "
+               "little parallelism, not to memory traffic" if reached < 0.3 else
+               "between the two: both memory traffic and computation count")
+    return (f"{measured(f'{floor_bytes / time_us / 1e3:.1f}')} GB/s achieved (the task's {floor_bytes} bytes in "
+            f"this kernel's time) of the {measured(f'{floor_bytes / floor_us / 1e3:.1f}')} GB/s measured: "
+            f"{measured(verdict)}")

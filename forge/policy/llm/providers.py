@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from forge.errors import UserError
+from forge.policy.llm.deadline import Watchdog
 from forge.policy.llm.limits import (
     CHECK_TIMEOUT_S,
     MIN_REQUEST_S,
@@ -98,6 +99,7 @@ class Reply:
     stop_reason: str  # "stop" | "length" (cut: max_tokens or forge's size cap) | "refusal" | "content_filter" | ...
     usd: float = 0.0
     estimated: bool = False  # the provider gave no usage: the tokens are estimated from the text
+    overreported: bool = False  # the provider reported more tokens than the request allows: charged at its bound
 
     @property
     def truncated(self) -> bool:
@@ -167,6 +169,8 @@ class Chat:
         self.price = price or Price(0.0, 0.0)
         self.ledger = Ledger(max_usd)
         self.least_worst = 0.0  # the smallest worst case of a request so far (what the next one needs at least)
+        self.watch = Watchdog()  # each request ends by its deadline, however slowly the server sends
+        self.closed = False
         self._client = self._make_client(api_key)  # the key lives in the client only
 
     def _make_client(self, api_key: str) -> Any:
@@ -189,20 +193,28 @@ class Chat:
         Each request waits at most until `deadline` (time.monotonic()), and its worst-case cost is reserved in
         the ledger before it is sent (BudgetSpent when there is no room); a timed-out request counts at its
         worst case (the provider may have billed it)."""
+        if self.closed:
+            raise NotSent("the search is over: no more LLM requests")
         last, lost = "", 0.0
         worst = self.price.cost(upper_tokens(system) + sum(upper_tokens(m["content"]) for m in messages), max_tokens)
         self.least_worst = min(self.least_worst, worst) if self.least_worst else worst
         for attempt in range(self.retry.attempts):
             timeout = self._timeout(deadline, attempt, last)
             self.ledger.reserve(worst)
+            guard = None
             try:
-                reply = self._bounded(self._send(system, messages, max_tokens, timeout), system, messages, max_tokens)
+                with self.watch.until(time.monotonic() + timeout) as guard:  # the whole request, not each read
+                    sent = self._send(system, messages, max_tokens, timeout)
+                reply = self._bounded(sent, system, messages, max_tokens)
             except Exception as e:  # noqa: BLE001 - every SDK fault is classified below
                 timed_out = "Timeout" in type(e).__name__
-                self.ledger.settle(worst, worst if timed_out else 0.0)
-                lost += worst if timed_out else 0.0
-                kind, asked = _classify(e)
-                last = _describe(e)
+                # the watchdog shut the connection at the deadline (a server still sending, slowly)
+                cut = guard is not None and guard.fired and not timed_out
+                self.ledger.settle(worst, worst if timed_out or cut else 0.0)
+                lost += worst if timed_out or cut else 0.0
+                kind, asked = ("retry", None) if cut else _classify(e)
+                last = f"Timeout: the request outlasted {timeout:.1f} s (its connection was cut)" if cut else \
+                    _describe(e)
                 if kind == "auth":
                     raise _failed(f"{self.spec.provider} rejected the API key ({last.split(':')[0]})", lost) from e
                 if kind == "fatal" or attempt + 1 == self.retry.attempts:
@@ -240,28 +252,50 @@ class Chat:
 
     def _bounded(self, reply: Reply, system: str, messages: list[dict[str, str]], max_tokens: int) -> Reply:
         """The reply priced, its usage estimated when the provider gave none (tokens < 0), cut at the size cap
-        or when it is longer than max_tokens (flagged as cut: stop_reason "length")."""
+        or where the provider says it stopped at max_tokens (flagged as cut: stop_reason "length").
+
+        Important: what is charged never passes what was reserved: input tokens at most one per prompt byte (+8),
+        output tokens at most max_tokens. A provider that reports more (a bug, or a server that ignores
+        max_tokens) is charged at those bounds and the reply is flagged `overreported`; the counts it reported
+        are kept."""
         estimated = reply.tokens_in < 0 or reply.tokens_out < 0
+        upper_in = upper_tokens(system) + sum(upper_tokens(m["content"]) for m in messages)
         tokens_in = reply.tokens_in if reply.tokens_in >= 0 else \
             estimate_tokens(system) + sum(estimate_tokens(m["content"]) for m in messages)
         tokens_out = reply.tokens_out if reply.tokens_out >= 0 else estimate_tokens(reply.text)
+        over = (reply.tokens_in > upper_in or reply.tokens_out > max_tokens) and not estimated
+        if over:
+            log.warning("%s reported %d+%d tokens for a request of at most %d+%d: charged at those bounds",
+                        self.spec.name, tokens_in, tokens_out, upper_in, max_tokens)
         text, stop = reply.text, reply.stop_reason
-        if stop in ("max_tokens", "length") or len(text) > answer_cap(max_tokens) or tokens_out > max_tokens:
+        if stop in ("max_tokens", "length") or len(text) > answer_cap(max_tokens):
             text, stop = text[:answer_cap(max_tokens)], "length"
         return replace(reply, text=text, tokens_in=tokens_in, tokens_out=tokens_out, stop_reason=stop,
-                       usd=self.price.cost(tokens_in, tokens_out), estimated=estimated)
+                       usd=self.price.cost(min(tokens_in, upper_in), min(tokens_out, max_tokens)),
+                       estimated=estimated, overreported=over)
 
     def check(self) -> None:
         """One cheap request (list models) so a rejected key or a wrong URL fails before any search."""
+        timeout = min(self.retry.timeout_s, CHECK_TIMEOUT_S)
+        guard = None
         try:
-            self._list_models(min(self.retry.timeout_s, CHECK_TIMEOUT_S))
+            with self.watch.until(time.monotonic() + timeout) as guard:  # a server listing them a byte a second too
+                self._list_models(timeout)
         except Exception as e:  # noqa: BLE001
+            if guard is not None and guard.fired:
+                raise UserError(f"cannot reach {self.spec.provider} at {self.spec.base_url or 'its API'}: no "
+                                f"answer within {timeout:.0f} s") from None
             kind, _ = _classify(e)
             where = self.spec.base_url or "its API"
             if kind == "auth":
                 raise UserError(f"{self.spec.provider} rejected the API key in {self.spec.key_env} "
                                 f"({_describe(e).split(':')[0]}): check the key") from None
             raise UserError(f"cannot reach {self.spec.provider} at {where}: {_describe(e)}") from None
+
+    def close(self) -> None:
+        """No more requests: any later one is refused unsent (NotSent). Requests still going end at their
+        deadline; the client is left open under them (each request's connection is its own, closed after it)."""
+        self.closed = True
 
 
 def _failed(message: str, usd: float) -> LLMError:
@@ -277,7 +311,8 @@ class OpenAIChat(Chat):
         import openai
 
         return openai.OpenAI(api_key=api_key, base_url=self.spec.base_url, max_retries=0,
-                             timeout=self.retry.timeout_s)
+                             timeout=self.retry.timeout_s,
+                             http_client=openai.DefaultHttpxClient(event_hooks=self.watch.hooks))
 
     def _send(self, system: str, messages: list[dict[str, str]], max_tokens: int, timeout: float) -> Reply:
         # OpenAI's reasoning models take max_completion_tokens only; local servers know max_tokens best
@@ -305,7 +340,8 @@ class AnthropicChat(Chat):
         import anthropic
 
         return anthropic.Anthropic(api_key=api_key, base_url=self.spec.base_url, max_retries=0,
-                                   timeout=self.retry.timeout_s)
+                                   timeout=self.retry.timeout_s,
+                                   http_client=anthropic.DefaultHttpxClient(event_hooks=self.watch.hooks))
 
     def _send(self, system: str, messages: list[dict[str, str]], max_tokens: int, timeout: float) -> Reply:
         resp = self._client.messages.create(model=self.spec.model, system=system, messages=messages,

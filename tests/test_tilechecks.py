@@ -86,6 +86,15 @@ HOSTILE = [
      Status.FORBIDDEN_CODE),
     ("autotune-log", _with("static_shapes=True)", "static_shapes=True, autotune_log='/tmp/x')"),
      Status.FORBIDDEN_CODE),
+    # no autotuning in the worker: one config, in the source
+    ("no-config", _with("config=helion.Config(block_sizes=[1024], num_warps=4, num_stages=1), ", ""),
+     Status.FORBIDDEN_CODE),
+    ("bare-decorator", _with("@helion.kernel(config=helion.Config(block_sizes=[1024], num_warps=4, num_stages=1), "
+                             "static_shapes=True)", "@helion.kernel"), Status.FORBIDDEN_CODE),
+    ("configs", _with("config=helion.Config(block_sizes=[1024], num_warps=4, num_stages=1)",
+                      "configs=[helion.Config(block_sizes=[1024], num_warps=4, num_stages=1)]"), Status.FORBIDDEN_CODE),
+    ("autotune-effort", _with("static_shapes=True)", "static_shapes=True, autotune_effort='quick')"),
+     Status.FORBIDDEN_CODE),
     ("other-decorator", _with("@helion.kernel(", "@torch.compile\n@helion.kernel("), Status.FORBIDDEN_CODE),
     ("import-os", _with("import torch\n", "import torch\nimport os\n"), Status.FORBIDDEN_IO),
     ("import-triton", _with("import torch\n", "import torch\nimport triton\n"), Status.FORBIDDEN_IO),

@@ -9,8 +9,10 @@ they would be ATen compute outside the kernel. So:
   `return`, and the device loops themselves, whose ranges call no torch;
 - in the device loops, calls are `torch.<op>` (one level: no `torch.ops.aten...`, `torch.cuda...`), `hl.<op>` from
   the tile vocabulary below, tensor methods, and plain builtins; no private names;
-- `helion.kernel(...)` takes only the settings of the ABI (configs, static shapes, index dtype, autotune effort):
-  `ref_mode` would run the kernel as eager PyTorch, the logging settings write files.
+- `helion.kernel(...)` takes one `config=` and otherwise only static shapes and the index dtype: without a config
+  Helion's autotuner would run in the worker (compiles in other processes, minutes a kernel) and the config it
+  chose would not be in the source that is stored and exported; `ref_mode` would run the kernel as eager PyTorch,
+  the logging settings write files.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ TORCH_DENY = {"save", "load", "compile", "manual_seed", "seed", "set_default_dty
               "set_float32_matmul_precision", "set_flush_denormal", "set_rng_state", "get_rng_state", "cuda",
               "ops", "library", "utils", "distributed", "backends", "fx", "jit", "hub", "classes", "autograd"}
 BUILTINS = {"float", "int", "min", "max", "abs", "range", "len", "bool"}
-KERNEL_SETTINGS = {"config", "configs", "static_shapes", "index_dtype", "autotune_effort"}
+KERNEL_SETTINGS = {"config", "static_shapes", "index_dtype"}
 
 
 def dotted(node: ast.AST) -> str:
@@ -122,9 +124,14 @@ def _device(stmt: ast.stmt, hl: set[str], torch: set[str]) -> list[Finding]:
     return found
 
 
-def _settings(tree: ast.Module, kernels: tuple[str, ...]) -> list[Finding]:
-    """Every call of a kernel decorator takes only the ABI's settings."""
+def _settings(tree: ast.Module, kernel_defs: set[ast.AST], kernels: tuple[str, ...]) -> list[Finding]:
+    """Every kernel decorator is a call with one `config=` and only the ABI's other settings."""
     found: list[Finding] = []
+    decorators = [d for fn in kernel_defs for d in fn.decorator_list]  # type: ignore[attr-defined]
+    for node in decorators:
+        if not isinstance(node, ast.Call) or "config" not in [kw.arg for kw in node.keywords]:
+            found.append((Status.FORBIDDEN_CODE, f"`{ast.unparse(node)[:60]}` names no `config=`: Helion would "
+                          f"autotune in the worker (give one helion.Config){_where(node)}"))
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and dotted(node.func) in kernels:
             for kw in node.keywords:
@@ -138,7 +145,7 @@ def _settings(tree: ast.Module, kernels: tuple[str, ...]) -> list[Finding]:
 def check_tile_kernels(tree: ast.Module, kernel_defs: set[ast.AST], kernels: tuple[str, ...]) -> list[Finding]:
     """Broken rules of the module's tile kernels (the function definitions in `kernel_defs`)."""
     hl, torch = _aliases(tree)
-    found = _settings(tree, kernels)
+    found = _settings(tree, kernel_defs, kernels)
     for fn in kernel_defs:
         assert isinstance(fn, ast.FunctionDef)
         for stmt in fn.body:

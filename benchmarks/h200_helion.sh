@@ -5,14 +5,13 @@
 # autotuner is a tripwire there (an exported kernel runs its shipped config), and the first call (compile) and the
 # steady state are timed. Writes $OUT/{env,pytest_helion,helion_recipes,optimize,export,first_call}.txt and
 # $OUT/helion_recipes.json. Not run yet.
-# The image lacks helion and what it needs, and sqlalchemy and pyseccomp (the evaluator); fetch the wheels here into
-# .whl/ (ignored by git) and carry .whl:
-#   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+# The image lacks helion and what it imports, and sqlalchemy and pyseccomp (the evaluator); fetch the wheels here
+# into .whl/ (ignored by git; about 12 MB) and carry .whl:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
-#     helion==1.5.1 sqlalchemy==2.1.9 greenlet pyseccomp==0.1.2 kernels==0.19.1 huggingface_hub
-# (with their dependencies: it also fetches torch's own if pip finds them missing, so first try it with --no-deps
-#  for helion, sqlalchemy, greenlet, pyseccomp, kernels, huggingface_hub, filecheck, scikit-learn, scipy, joblib,
-#  threadpoolctl, psutil, rich, markdown-it-py, mdurl, pygments, typing-extensions, narwhals, cloudpickle).
+#     helion==1.5.1 rich markdown-it-py mdurl pygments psutil filecheck sqlalchemy==2.1.9 greenlet pyseccomp==0.1.2
+# (numpy and typing-extensions come with the image's torch; helion's scikit-learn and SciPy, 45 MB, only feed its
+# autotuner's surrogate models, imported if present, and forge never runs the autotuner.)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then

@@ -97,19 +97,24 @@ def main() -> int:
                    args.backend: _best(ev, spec, policy, python, args.per_backend)}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    _table(rows, args.backend)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def _table(rows: list[dict], backend: str) -> None:
+    """The rows as a markdown table, after the machine and versions."""
     print(f"\n{torch.cuda.get_device_name()}; torch {torch.__version__}; {_versions()}\n")
-    name = args.backend.capitalize()
+    name = backend.capitalize()
     print(f"| anchor | eager us | torch.compile us | CUDA recipe us | {name} recipe us | {name} / CUDA | "
           f"CUDA tune s | {name} tune s | {name} passed/tried |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        c, t = r["cuda"], r[args.backend]
+        c, t = r["cuda"], r[backend]
         ratio = f"{t['us'] / c['us']:.2f}" if c["us"] and t["us"] else "-"
         print(f"| {r['anchor']} | {r['eager_us']:.1f} | {r['compile_us']:.1f} | {_us(c['us'])} | {_us(t['us'])} | "
               f"{ratio} | {c['tune_s']:.1f} | {t['tune_s']:.1f} | {t['passed']}/{t['tried']} |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
-    return 0
 
 
 def _us(v: float | None) -> str:

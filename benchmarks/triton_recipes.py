@@ -1,13 +1,14 @@
-"""Triton recipe kernels against the CUDA recipes, eager and torch.compile on the seven anchor tasks (H200).
+"""Triton (or Helion) recipe kernels against the CUDA recipes, eager and torch.compile on the seven anchor tasks.
 
 For each anchor (benchmarks/anchors.py: the shapes and dtypes of ../shared/ANCHORS.md) the recipe policy's
-root schedules and their one-knob mutations of each backend (CUDA C++ and Triton) are evaluated by forge's
-evaluator (checks, build, verification, timing with L2 flushed and eager interleaved), up to `--per-backend`
-candidates each; the best verified one of each backend is reported, with the wall time spent evaluating that
-backend's candidates (the recipes' tuning time: Triton's includes its JIT compiles). Eager and torch.compile
+root schedules and their one-knob mutations of each backend (CUDA C++, and Triton or with `--backend helion`
+Helion) are evaluated by forge's evaluator (checks, build, verification, timing with L2 flushed and eager
+interleaved), up to `--per-backend` candidates each; the best verified one of each backend is reported, with the
+wall time spent evaluating that backend's candidates (the recipes' tuning time: Triton's and Helion's include
+their JIT compiles; Helion's autotuner never runs, the search tunes its config). Eager and torch.compile
 (max-autotune-no-cudagraphs) are timed in this process with forge's clock, as benchmarks/anchors.py does.
 
-    python benchmarks/triton_recipes.py [--only NAME ...] [--per-backend 12] [--json PATH]
+    python benchmarks/triton_recipes.py [--backend triton|helion] [--only NAME ...] [--per-backend 12] [--json PATH]
 
 Prints a markdown table.
 """
@@ -53,6 +54,7 @@ def main() -> int:
     p.add_argument("--only", nargs="*", help="anchor names")
     p.add_argument("--per-backend", type=int, default=12, help="candidates evaluated per backend and anchor")
     p.add_argument("--json", help="write the rows as JSON")
+    p.add_argument("--backend", choices=("triton", "helion"), default="triton", help="the Python recipes beside CUDA")
     args = p.parse_args()
 
     from anchors import ANCHORS, module, tasks_of
@@ -61,7 +63,6 @@ def main() -> int:
     from forge.evaluate.evaluator import Evaluator
     from forge.kernel import TaskSpec
     from forge.policy.recipes.policy import RecipePolicy
-    from forge.policy.recipes.triton_common import TritonKnobs, TritonRowKnobs
 
     device = "cuda"
     clock = Clock(device)
@@ -81,40 +82,51 @@ def main() -> int:
                 for label, fn in (("eager", m), ("compile", compiled)):
                     samples = sorted(clock.time_us(lambda fn=fn, xs=inputs: fn(*xs)) for _ in range(100))
                     med[label] = samples[len(samples) // 2]
-            policy = RecipePolicy(device, triton=True)
+            policy = RecipePolicy(device, triton=args.backend == "triton", helion=args.backend == "helion")
+            if not (policy.triton or policy.helion):
+                print(f"{args.backend} is not installed", file=sys.stderr)
+                return 1
             if policy.refusal(spec) is not None:
                 print(f"{a.name}: no recipe ({policy.refusal(spec)})", file=sys.stderr)
                 continue
             roots = policy.propose(spec, None)
-            triton = [k for k in roots if isinstance(k, (TritonKnobs, TritonRowKnobs))]
-            native = [k for k in roots if k not in triton]
+            python = [k for k in roots if isinstance(k, policy.knob_classes(spec)[1])]  # [0]: CUDA's knobs
+            native = [k for k in roots if k not in python]
             row = {"anchor": a.name, "task": task.key, "eager_us": med["eager"], "compile_us": med["compile"],
-                   "cuda": _best(ev, spec, policy, native, args.per_backend),
-                   "triton": _best(ev, spec, policy, triton, args.per_backend)}
+                   "backend": args.backend, "cuda": _best(ev, spec, policy, native, args.per_backend),
+                   args.backend: _best(ev, spec, policy, python, args.per_backend)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(f"\n{torch.cuda.get_device_name()}; torch {torch.__version__}; triton {_triton_version()}\n")
-    print("| anchor | eager us | torch.compile us | CUDA recipe us | Triton recipe us | Triton / CUDA | "
-          "CUDA tune s | Triton tune s | Triton passed/tried |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        c, t = r["cuda"], r["triton"]
-        ratio = f"{t['us'] / c['us']:.2f}" if c["us"] and t["us"] else "-"
-        print(f"| {r['anchor']} | {r['eager_us']:.1f} | {r['compile_us']:.1f} | {_us(c['us'])} | {_us(t['us'])} | "
-              f"{ratio} | {c['tune_s']:.1f} | {t['tune_s']:.1f} | {t['passed']}/{t['tried']} |")
+    _table(rows, args.backend)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
+
+
+def _table(rows: list[dict], backend: str) -> None:
+    """The rows as a markdown table, after the machine and versions."""
+    print(f"\n{torch.cuda.get_device_name()}; torch {torch.__version__}; {_versions()}\n")
+    name = backend.capitalize()
+    print(f"| anchor | eager us | torch.compile us | CUDA recipe us | {name} recipe us | {name} / CUDA | "
+          f"CUDA tune s | {name} tune s | {name} passed/tried |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        c, t = r["cuda"], r[backend]
+        ratio = f"{t['us'] / c['us']:.2f}" if c["us"] and t["us"] else "-"
+        print(f"| {r['anchor']} | {r['eager_us']:.1f} | {r['compile_us']:.1f} | {_us(c['us'])} | {_us(t['us'])} | "
+              f"{ratio} | {c['tune_s']:.1f} | {t['tune_s']:.1f} | {t['passed']}/{t['tried']} |")
 
 
 def _us(v: float | None) -> str:
     return f"{v:.1f}" if v else "-"
 
 
-def _triton_version() -> str:
-    import triton
+def _versions() -> str:
+    import importlib.metadata
+    import importlib.util
 
-    return triton.__version__
+    return "; ".join(f"{p} {importlib.metadata.version(p)}" for p in ("triton", "helion")
+                     if importlib.util.find_spec(p) is not None)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Everything that differs between backends reads it (kernel files, builds, checks, the launcher, the LLM's
 prompts and answers, the review's highlighting, artifacts); a backend is never switched on by its name
 elsewhere. `native` backends are C++ or CUDA sources built into a shared library that exports the C entry
-point of docs/kernel-abi.md; the other (Triton) is a Python module imported in the worker.
+point of docs/kernel-abi.md; the others (Triton, Helion) are Python modules imported in the worker.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ class Backend:
     modules: tuple[str, ...] = ()  # a Python backend's module may import these, and nothing else
     fast_math: tuple[str, ...] = ()  # compiler flags of a kernel built with fast math (the recipes' knob)
     exact_math: tuple[str, ...] = ()  # and without it
+    kernels: tuple[str, ...] = ()  # a Python backend's decorators that make a function device code (a kernel)
+    calls: tuple[str, ...] = ()  # what its module may call outside kernels besides forge's plain builtins
+    warm: bool = False  # its first call on new shapes compiles through PyTorch (Helion traces with fake tensors):
+    # the worker makes that call on scratch tensors, unguarded, before any judged call (forge.evaluate.launch)
 
     @property
     def source_suffix(self) -> str:
@@ -46,9 +50,16 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             ("cu", "cuda", "c++", "cpp", "c"), "cuda", "//", "cuda.cu",
             fast_math=("--use_fast_math",)),
     Backend("triton", "cuda", False, "", ".py", (".py",), "launch", "kernel.py", "python", ("python", "py"),
-            "python", "#", "triton.py", ("triton", "triton.language", "math")),
+            "python", "#", "triton.py", ("triton", "triton.language", "math"),
+            kernels=("triton.jit", "jit", "triton.autotune", "triton.heuristics"),
+            calls=("triton.cdiv", "triton.next_power_of_2", "triton.Config", "triton.jit", "triton.autotune",
+                   "triton.heuristics", "math.ceil", "math.sqrt", "math.log2", "math.prod")),
+    # a .py file means Triton; a Helion file is named with --backend helion
+    Backend("helion", "cuda", False, "", ".py", (), "launch", "kernel.py", "python", ("python", "py"),
+            "python", "#", "helion.py", ("helion", "helion.language", "torch"),
+            kernels=("helion.kernel",), calls=("helion.kernel", "helion.Config"), warm=True),
 )}
-CPU, CUDA, TRITON = BACKENDS["cpu"], BACKENDS["cuda"], BACKENDS["triton"]
+CPU, CUDA, TRITON, HELION = BACKENDS["cpu"], BACKENDS["cuda"], BACKENDS["triton"], BACKENDS["helion"]
 NAMES = tuple(BACKENDS)
 
 

@@ -102,15 +102,16 @@ def _eager_ms(loaded: LoadedModel) -> float:
     return statistics.median(alternate([lambda: loaded.model(*loaded.inputs)], loaded.device)[0])
 
 
-RECIPE_POLICIES = ("recipes", "recipes+triton")  # the offline ones: no key, no --max-usd, nothing to replay
+# the offline ones: no key, no --max-usd, nothing to replay
+RECIPE_POLICIES = ("recipes", "recipes+triton", "recipes+helion")
 
 
 def make_policy(name: str, device: str, **llm: Any) -> Policy:
     """The policy named on the command line: `recipes`, or an LLM (`openai:MODEL`, `recipes+anthropic:MODEL`,
     ...; `llm` holds store, max_usd, replay, prices: see forge.policy.llm.make_llm_policy). Bad input is a UserError.
     """
-    if name in RECIPE_POLICIES:  # Triton's lowering beside CUDA's only when asked: not yet measured on a GPU
-        return RecipePolicy(device, triton=name == "recipes+triton")
+    if name in RECIPE_POLICIES:  # Triton's and Helion's lowerings beside CUDA's only when asked: not yet measured
+        return RecipePolicy(device, triton=name == "recipes+triton", helion=name == "recipes+helion")
     from forge.policy.llm import make_llm_policy
 
     return make_llm_policy(name, device, **llm)

@@ -23,7 +23,7 @@ def test_no_module_switches_on_a_backend_name_outside_the_table():
 def test_the_table_says_how_files_and_names_map():
     assert of_file(".cu") is BACKENDS["cuda"] and of_file(".cc") is BACKENDS["cpu"] and of_file(".rs") is None
     assert Candidate("triton", "def launch(): pass\n").entry == BACKENDS["triton"].entry == "launch"
-    with pytest.raises(ValueError, match="Invalid backend: 'rust' \\(use one of cpu, cuda, triton\\)"):
+    with pytest.raises(ValueError, match="Invalid backend: 'rust' \\(use one of cpu, cuda, triton, helion\\)"):
         backend("rust")
     with pytest.raises(ValueError, match="Invalid backend"):
         Candidate("rust", "")

@@ -93,7 +93,7 @@ def test_system_prompt_has_abi_header_example_and_rules():
 
 
 def test_every_example_kernel_passes_the_static_checks_and_the_cpu_one_builds(tmp_path):
-    for backend, name in (("cpu", "cpu.cpp"), ("cuda", "cuda.cu"), ("triton", "triton.py")):
+    for backend, name in (("cpu", "cpu.cpp"), ("cuda", "cuda.cu"), ("triton", "triton.py"), ("helion", "helion.py")):
         cand = Candidate(backend, (PROMPTS / "examples" / name).read_text())
         assert check(cand) == [], (backend, check(cand))
     built = build(Candidate("cpu", (PROMPTS / "examples" / "cpu.cpp").read_text()), cache_dir=tmp_path)

@@ -1,4 +1,5 @@
-"""Runs Triton modules' `launch` under Triton's interpreter on CPU tensors, in a process of its own.
+"""Runs Triton or Helion modules' `launch` under Triton's interpreter on CPU tensors, in a process of its own (a
+Helion module: the Triton that Helion generates for it, with its config).
 
     TRITON_INTERPRET=1 python tests/triton_interpret.py JOBS.pt RESULTS.pt
 
@@ -15,8 +16,25 @@ import sys
 import torch
 
 
+def _libdevice_for_the_interpreter() -> None:
+    """Triton's interpreter runs `tl.math` but not `libdevice`, whose functions are stubs there (they return None);
+    the Triton that Helion generates calls libdevice (exp, tanh, ...): route each to the interpreter's `tl.math`
+    function of that name, or to an expression of them, looked up at call time (the interpreter patches tl.math
+    only while a kernel runs)."""
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    math = {n: (lambda *a, n=n, **k: getattr(tl.math, n)(*a, **k)) for n in dir(libdevice)
+            if not n.startswith("_") and hasattr(tl.math, n)}
+    math.update(tanh=lambda x: 2.0 * tl.sigmoid(2.0 * x) - 1.0, log1p=lambda x: tl.math.log(1.0 + x),
+                expm1=lambda x: tl.math.exp(x) - 1.0)
+    for name, fn in math.items():
+        setattr(libdevice, name, fn)
+
+
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") == "1", "set TRITON_INTERPRET=1"
+    _libdevice_for_the_interpreter()
     jobs = torch.load(sys.argv[1])
     results = []
     for n, (path, inputs, outputs) in enumerate(jobs):

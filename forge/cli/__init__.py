@@ -174,7 +174,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     """forge eval's arguments."""
     p = sub.add_parser("eval", help="build, verify and benchmark one kernel for one task")
-    p.add_argument("kernel", help="kernel source: .c/.cpp (cpu), .cu (cuda) or .py (triton)")
+    p.add_argument("kernel", help="kernel source: .c/.cpp (cpu), .cu (cuda), .py (triton; helion with --backend)")
     p.add_argument("--task", required=True, help="the task's key (or a unique prefix of it)")
     p.add_argument("--model", help="the model file the task comes from")
     p.add_argument("--zoo", metavar="NAME", help="or a reference model")

@@ -25,8 +25,9 @@ def add_optimize(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("optimize", help="search faster kernels for a model and measure it end to end", epilog=WHERE)
     _add_model_args(p)
     p.add_argument("--policy", default="recipes", help="recipes (offline code generator; the default), "
-                   "recipes+triton (its Triton kernels too, on a GPU), openai:MODEL, anthropic:MODEL, "
-                   "openai-compatible:BASE_URL:MODEL, or recipes+ before an LLM policy to mix them (docs/llm.md)")
+                   "recipes+triton or recipes+helion (its Triton or Helion kernels too, on a GPU), openai:MODEL, "
+                   "anthropic:MODEL, openai-compatible:BASE_URL:MODEL, or recipes+ before an "
+                   "LLM policy to mix them (docs/llm.md)")
     p.add_argument("--max-usd", type=float, help="LLM budget in US dollars: the search stops when it is spent")
     p.add_argument("--replay", metavar="RUN", help="answer every LLM request from run RUN's stored calls only "
                    "(no network, no key); alone, RUN's model, device, dtype, mode, policy, layout, blocks, "

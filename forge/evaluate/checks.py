@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 import re
 
-from forge.backends import BACKENDS
+from forge.backends import BACKENDS, TRITON, Backend
+from forge.evaluate.tilechecks import check_tile_kernels
 from forge.kernel import Candidate, Status
 
 # (status, rule, regex) for C, C++ and CUDA sources; matched after comments are stripped. Names that
@@ -41,20 +42,18 @@ _C_RULES: list[tuple[Status, str, str]] = [
 ]
 _CPU_ONLY_RULES = [(Status.FORBIDDEN_CODE, "uses inline assembly", r"\b(asm|__asm__|__asm)\b")]
 
-_PY_ALLOWED_IMPORTS = frozenset(m for b in BACKENDS.values() for m in b.modules)  # the Python backends'
 _PY_FORBIDDEN_NAMES = {"eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr",
                        "globals", "locals", "vars", "breakpoint", "input", "memoryview", "__builtins__"}
-# attributes that lead from triton's modules to the interpreter, the system or other code
+# attributes that lead from triton's or helion's modules to the interpreter, the system or other code
 _PY_FORBIDDEN_ATTRS = {"os", "sys", "modules", "subprocess", "builtins", "environ", "runtime", "backends",
                        "compiler", "_C", "importlib", "ctypes", "torch", "shutil", "socket", "signal", "pathlib",
                        "io", "popen", "system", "getenv", "spawn", "exec_module", "loader", "f_globals",
                        "f_back", "gi_frame", "tb_frame"}
+# metadata queries, and views (a launcher may hand a kernel a flat view of a tensor: no compute)
 _PY_TENSOR_METHODS = {"stride", "numel", "size", "dim", "data_ptr", "is_contiguous", "element_size",
-                      "ndimension"}
-_PY_CALLS = {"triton.cdiv", "triton.next_power_of_2", "triton.Config", "triton.jit", "triton.autotune",
-             "triton.heuristics", "len", "range", "min", "max", "int", "float", "tuple",
-             "list", "enumerate", "zip", "abs", "bool", "isinstance", "math.ceil", "math.sqrt", "math.log2",
-             "math.prod", "print"}
+                      "ndimension", "as_strided", "view"}
+_PY_CALLS = {"len", "range", "min", "max", "int", "float", "tuple", "list", "enumerate", "zip", "abs", "bool",
+             "isinstance", "print"}  # and each backend's own (forge.backends: `calls`)
 
 
 _C_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
@@ -91,13 +90,14 @@ def _dotted(node: ast.AST) -> str:
     return ""
 
 
-def _jit_functions(tree: ast.Module) -> set[ast.AST]:
+def _jit_functions(tree: ast.Module, kernels: tuple[str, ...]) -> set[ast.AST]:
+    """The function definitions decorated as kernels (device code) by one of `kernels`."""
     out: set[ast.AST] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
             for d in node.decorator_list:
                 target = d.func if isinstance(d, ast.Call) else d
-                if _dotted(target) in ("triton.jit", "jit", "triton.autotune", "triton.heuristics"):
+                if _dotted(target) in kernels:
                     out.add(node)
     return out
 
@@ -107,15 +107,18 @@ _IMPORT_STATUS = {"threading": Status.FORBIDDEN_CONCURRENCY, "multiprocessing": 
                   "time": Status.FORBIDDEN_TIMER, "timeit": Status.FORBIDDEN_TIMER, "torch": Status.FORBIDDEN_TORCH}
 
 
-def check_python(source: str, entry: str = "launch") -> list[Finding]:
-    """Broken rules in a Triton candidate: imports, builtins, and torch compute outside @triton.jit."""
+def check_python(source: str, entry: str = "launch", backend: str = TRITON.name) -> list[Finding]:
+    """Broken rules in a Python (Triton, Helion) candidate: imports, builtins, and torch compute outside its
+    kernels (and, for Helion, outside their device loops: forge.evaluate.tilechecks)."""
+    b = BACKENDS[backend]
     try:
         tree = ast.parse(source)
     except SyntaxError as e:
         return [(Status.BAD_FORMAT, f"does not parse: {e.msg} (line {e.lineno})")]
     found: list[Finding] = []
     late: list[Finding] = []  # `import torch`: reported after what the module does with it
-    jit = _jit_functions(tree)
+    jit = _jit_functions(tree, b.kernels)
+    calls = _PY_CALLS | set(b.calls)
     inside_jit: set[ast.AST] = set()
     for f in jit:  # the bodies only: decorator arguments and defaults run in Python (at import, at launch)
         for stmt in f.body:
@@ -128,10 +131,10 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             for n in names:
-                if n not in _PY_ALLOWED_IMPORTS:
+                if n not in b.modules:
                     status = _IMPORT_STATUS.get(n.split(".")[0], Status.FORBIDDEN_IO)
                     (late if n.split(".")[0] == "torch" else found).append(
-                        (status, f"imports `{n}`: only triton, triton.language and math{where}"))
+                        (status, f"imports `{n}`: only {', '.join(b.modules)}{where}"))
         elif isinstance(node, ast.Name) and node.id == "open":
             found.append((Status.FORBIDDEN_IO, f"opens a file{where}"))
         elif isinstance(node, ast.Name) and node.id in _PY_FORBIDDEN_NAMES:
@@ -142,32 +145,34 @@ def check_python(source: str, entry: str = "launch") -> list[Finding]:
             name = _dotted(node.func)
             if isinstance(node.func, ast.Subscript):  # kernel[grid](...)
                 continue
-            if name in _PY_CALLS or name in defined or name in _PY_FORBIDDEN_NAMES or name == "open":
+            if name in calls or name in defined or name in _PY_FORBIDDEN_NAMES or name == "open":
                 continue  # allowed, or reported where the name itself is visited
             if isinstance(node.func, ast.Attribute) and node.func.attr in _PY_TENSOR_METHODS:
                 continue
             if name.startswith("torch.cuda.") and "tream" in name:
                 found.append((Status.FORBIDDEN_CONCURRENCY, f"uses another stream: `{name}(...)`{where}"))
             elif name.split(".")[0] in modules:  # triton.runtime...os.system(...): not PyTorch, a way out
-                found.append((Status.FORBIDDEN_CODE, f"calls `{name}(...)` outside a @triton.jit kernel{where}"))
+                found.append((Status.FORBIDDEN_CODE, f"calls `{name}(...)` outside a kernel{where}"))
             elif name.startswith("torch.") or isinstance(node.func, ast.Attribute):
                 found.append((Status.FORBIDDEN_TORCH, f"calls `{name or ast.unparse(node.func)}(...)` "
-                              f"outside a @triton.jit kernel (PyTorch compute is not allowed){where}"))
+                              f"outside a kernel (PyTorch compute is not allowed){where}"))
             else:
                 found.append((Status.FORBIDDEN_CODE, f"calls `{name or ast.unparse(node.func)}(...)` outside "
-                              f"a @triton.jit kernel{where}"))
-    found += _module_shape(tree) + _tensor_math_outside_jit(tree, jit) + late
+                              f"a kernel{where}"))
+    found += _module_shape(tree, b) + _tensor_math_outside_jit(tree, jit) + late
+    if "torch" in b.modules:  # kernels of PyTorch ops on tiles: where torch may appear in them
+        found += check_tile_kernels(tree, jit, b.kernels)
     if entry not in defined:
         found.append((Status.BAD_FORMAT, f"defines no `{entry}(inputs, outputs)` function"))
     if not jit:
-        found.append((Status.BAD_FORMAT, "defines no @triton.jit kernel"))
+        found.append((Status.BAD_FORMAT, f"defines no @{b.kernels[0]} kernel"))
     return found
 
 
-def _module_shape(tree: ast.Module) -> list[Finding]:
-    """What a Triton module may hold: imports, a docstring, names bound to literal constants, and function
-    definitions decorated by triton only (nothing else runs at import); and nowhere an assignment to an
-    attribute (`torch.equal = ...`, `math.exp = ...`), a deletion of one, or a `global`."""
+def _module_shape(tree: ast.Module, b: Backend) -> list[Finding]:
+    """What a Python module may hold: imports, a docstring, names bound to literal constants, and function
+    definitions decorated by its backend's kernel decorators only (nothing else runs at import); and nowhere an
+    assignment to an attribute (`torch.equal = ...`, `math.exp = ...`), a deletion of one, or a `global`."""
     found: list[Finding] = []
     for node in tree.body:
         where = f" (line {node.lineno})"
@@ -179,11 +184,11 @@ def _module_shape(tree: ast.Module) -> list[Finding]:
                 _literal(node.value):
             continue
         if isinstance(node, ast.FunctionDef):
-            bad = [d for d in node.decorator_list if not _dotted(d.func if isinstance(d, ast.Call) else d)
-                   .startswith("triton.")]
+            bad = [d for d in node.decorator_list if _dotted(d.func if isinstance(d, ast.Call) else d)
+                   not in b.kernels]
             if bad:
                 found.append((Status.FORBIDDEN_CODE, f"decorates `{node.name}` with `{ast.unparse(bad[0])}`: "
-                              f"only triton's decorators{where}"))
+                              f"only {', '.join(b.kernels)}{where}"))
             continue
         found.append((Status.FORBIDDEN_CODE, f"runs code at import: a top-level {type(node).__name__} "
                       f"statement (only imports, constants and function definitions){where}"))
@@ -258,5 +263,5 @@ def _tensor_math_outside_jit(tree: ast.Module, jit: set[ast.AST]) -> list[Findin
 def check(candidate: Candidate) -> list[Finding]:
     """Every rule the candidate breaks, as (status, message); empty when it may be built."""
     if not BACKENDS[candidate.backend].native:
-        return check_python(candidate.source, candidate.entry)
+        return check_python(candidate.source, candidate.entry, candidate.backend)
     return check_c(candidate.source, candidate.backend, candidate.entry)

@@ -1,4 +1,5 @@
-"""Calling a built candidate from the worker: ctypes for cpu/cuda libraries, import for Triton modules.
+"""Calling a built candidate from the worker: ctypes for cpu/cuda libraries, import for Python (Triton, Helion)
+modules.
 
 Important: this module runs kernel code. The search and the judge never import it (import contracts in
 pyproject.toml): candidates run only in the worker process (forge.evaluate.child); forge.runtime.dispatch uses
@@ -140,6 +141,8 @@ class Launcher:
             if not callable(fn):
                 raise LaunchError(f"the module defines no callable `{entry}`")
             self.py_fn: Callable[..., Any] = fn
+            self.module = module
+            self._warmed: set[tuple[Any, ...]] = set()
         else:
             lib = ctypes.CDLL(path)
             try:
@@ -157,6 +160,8 @@ class Launcher:
         """
         if not BACKENDS[self.backend].native:
             fn = self.py_fn
+            if guard and BACKENDS[self.backend].warm:
+                self.warm(inputs, outputs)
 
             def call_py() -> None:
                 if guard:
@@ -190,6 +195,23 @@ class Launcher:
                 raise LaunchError(f"forge_launch returned {ret}")
 
         return call_cpu
+
+
+    def warm(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        """Call a Python module once on scratch tensors of these shapes, strides and dtypes, outside the guard: a
+        Helion kernel traces and compiles on its first call through PyTorch ops on fake tensors, which
+        NoTorchCompute would refuse. What that call computes is thrown away; every judged call is guarded."""
+        sig = tuple((t.dtype, tuple(t.shape), t.stride(), t.device.type) for t in [*inputs, *outputs])
+        if sig in self._warmed:
+            return
+        scratch_in = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).zero_()
+                      for t in inputs]
+        scratch_out = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in outputs]
+        try:
+            self.py_fn(scratch_in, scratch_out)
+        except Exception as e:
+            raise LaunchError(f"the first call (compiling) raised: {type(e).__name__}: {str(e)[:500]}") from e
+        self._warmed.add(sig)
 
 
 def call_on(launcher: Launcher, inputs: Sequence[TensorMeta], outputs: Sequence[TensorMeta]

@@ -13,8 +13,9 @@ kernel-builder's source layout:
 
 Variants: CPU kernels (C shared libraries with forge's C entry point, called through ctypes: they link neither
 Python nor torch) go to the arch variant `torch<MAJ><MIN>-cxx11-cpu-<machine>-linux` of this torch, since they are
-machine code; native CUDA ones to `torch<MAJ><MIN>-cxx11-cu<CUDA>-<machine>-linux`; Triton kernels, which are
-Python, to `torch-universal`. CPU kernels go to `torch-universal` too: the kernels package picks the backend from
+machine code; native CUDA ones to `torch<MAJ><MIN>-cxx11-cu<CUDA>-<machine>-linux`; Triton and Helion kernels,
+which are Python (a Helion kernel with its tuned config in its source: it compiles on its first call, never
+autotunes), to `torch-universal`. CPU kernels go to `torch-universal` too: the kernels package picks the backend from
 the torch build, CUDA for a CUDA wheel even on a machine without a GPU (the default Linux wheel), and there it
 takes no `cpu` variant; in the universal package a native kernel runs only on the machine and OS it was built for
 (kernels.json's `platform`), its reference elsewhere. The libraries are the artifact's, checked against its hashes.
@@ -38,7 +39,7 @@ from typing import Any
 
 import torch
 
-from forge.backends import BACKENDS, TRITON
+from forge.backends import BACKENDS
 from forge.capture.layout import capture_in
 from forge.capture.scans import calls_scan
 from forge.errors import UserError
@@ -69,7 +70,7 @@ class ExportResult:
 def variants_of(backend: str) -> tuple[str, ...]:
     """The build variants a kernel of `backend` goes to, for this torch and machine (see the module doc)."""
     b = BACKENDS[backend]
-    if not b.native:  # a Python (Triton) module
+    if not b.native:  # a Python (Triton, Helion) module
         return (UNIVERSAL,)
     ver = torch.__version__.split("+")[0].split(".")
     abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
@@ -95,25 +96,27 @@ def _entry(k: KernelArtifact, name: str, lib: bool) -> dict[str, Any]:
     native = {"platform": f"{platform.machine()}-{platform.system().lower()}"} if b.native else {}
     if b.native and b.device == "cpu":  # built with -march=native: the CPU it may run on (see cpu_flags)
         native["cpu_flags"] = sorted(cpu_flags())
-    return {**native, "name": name, "key": k.key, "backend": k.backend, "native": b.native, "device_type": b.device,
-            "entry": k.entry,
+    python = {} if b.native else {"module": b.modules[0]}  # what a Python form needs installed to run
+    return {**native, **python, "name": name, "key": k.key, "backend": k.backend, "native": b.native,
+            "device_type": b.device, "entry": k.entry,
             "file": file, "reference": f"references/{name}.py", "inputs": [m.to_json() for m in k.inputs],
             "outputs": [m.to_json() for m in k.outputs]}
 
 
-def triton_forms(store: Store, run_id: str, kernels: list[KernelArtifact]) -> list[KernelArtifact]:
-    """The no-arch form of each native kernel: its task's best Triton candidate that the run verified (status ok,
-    the highest reward), for the universal variant; none for a task without one (a CPU run has none)."""
+def python_forms(store: Store, run_id: str, kernels: list[KernelArtifact]) -> list[KernelArtifact]:
+    """The no-arch form of each native kernel: its task's best Python (Triton or Helion) candidate that the run
+    verified (status ok, the highest reward), for the universal variant; none for a task without one (a CPU run
+    has none)."""
     tasks = {t.key: t for t in store.get_tasks(run_id)}
     out = []
     for k in kernels:
         if not BACKENDS[k.backend].native or k.key not in tasks:
             continue
-        ok = [c for c in store.candidates(tasks[k.key].id) if c.backend == TRITON.name and c.status == "ok"
+        ok = [c for c in store.candidates(tasks[k.key].id) if not BACKENDS[c.backend].native and c.status == "ok"
               and all(e.status == "ok" for e in store.evaluations(c.id))]  # a re-timing found none wrong
         if ok:
             best = max(ok, key=lambda c: (c.reward if c.reward is not None else float("-inf"), -c.id))
-            out.append(dataclasses.replace(k, backend=TRITON.name, path="", entry=best.entry,
+            out.append(dataclasses.replace(k, backend=best.backend, path="", entry=best.entry,
                                            kernel_source=best.source))
     return out
 
@@ -192,8 +195,8 @@ def export(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any], fo
     stats = _stats(store, info["run_id"])
     pairs = [(k, _exported(k, stats)) for k in kernels]
     names = {k.key: e.name for k, e in pairs}
-    forms = [(k, dataclasses.replace(names_of(k, pairs), backend=TRITON.name, kernel_us=None))
-             for k in triton_forms(store, info["run_id"], kernels)]
+    forms = [(k, dataclasses.replace(names_of(k, pairs), backend=k.backend, kernel_us=None))
+             for k in python_forms(store, info["run_id"], kernels)]
     pairs += forms
     specs = {cls: (s, names[s.key]) for cls, s in by_class.items()}
     root = Path(folder)

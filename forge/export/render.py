@@ -105,7 +105,7 @@ from kernels import get_local_kernel
 
 REPO = Path(__file__).resolve().parent.parent
 TOLERANCE = {tols!r}
-FORMS = {forms!r}  # (kernel, device type): a kernel may have a CPU form and a Triton one for CUDA
+FORMS = {forms!r}  # (kernel, device type): a kernel may have a CPU form and a Triton or Helion one for CUDA
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_kernel_matches_its_reference(kernel, name, device):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU")
     if device not in k.forms:
-        pytest.skip("this form does not run here (machine code of another machine, or no triton)")
+        pytest.skip("this form does not run here (machine code of another machine, or no triton/helion)")
     for seed in (0, 1):
         args = _inputs(k, seed, device)
         assert k.applies(tuple(args))
@@ -228,9 +228,10 @@ torch.compile), `.reference` the region in ATen ops.
 `build/` holds {', '.join(f'`{v}`' for v in variants)}. CPU kernels are C shared libraries with forge's C entry
 point, built by forge with `-O3 -march=native` for the CPU above: they link neither Python nor torch and are
 called through ctypes, so the `cpu` variant is an arch variant only because it holds machine code; another
-CPU should re-verify them (`forge.load(..., verify=True)`). Triton kernels are in `torch-universal`: a
-kernel whose winner is native there has the best Triton candidate its search verified beside it, its no-arch
-form for CUDA devices (the op dispatches on the inputs' device). The sources
+CPU should re-verify them (`forge.load(..., verify=True)`). Triton and Helion kernels are in `torch-universal`
+(a Helion kernel's tuned config is in its source: its first call compiles, nothing autotunes): a kernel whose
+winner is native there has the best Triton or Helion candidate its search verified beside it, its no-arch form
+for CUDA devices (the op dispatches on the inputs' device). The sources
 are in `torch-ext/{pyname}/kernels/`, the reference of each region in `torch-ext/{pyname}/references/`.
 `python -m pytest tests` checks each kernel against its reference.
 """

@@ -1,13 +1,15 @@
 """The runtime of a kernel package exported by forge (`forge export RUN --format hf-kernels DIR`).
 
-Copied as it is into every exported package; it needs torch only (and triton for Triton kernels). Each kernel
-in kernels.json becomes a torch op `torch.ops.<namespace>.<name>` (a custom op with a fake implementation, so it
-is opaque to torch.compile) and a guarded function: the op runs when the inputs are what the kernel was verified
-for (device type, dtype, shape and stride of every input, no autograd), the region's reference otherwise.
+Copied as it is into every exported package; it needs torch only (and triton for Triton kernels, helion for Helion
+ones). Each kernel in kernels.json becomes a torch op `torch.ops.<namespace>.<name>` (a custom op with a fake
+implementation, so it is opaque to torch.compile) and a guarded function: the op runs when the inputs are what the
+kernel was verified for (device type, dtype, shape and stride of every input, no autograd), the region's reference
+otherwise.
 
 Kernels of the `cpu` backend are C shared libraries with forge's C entry point (docs/kernel-abi.md):
 `int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out)`, called through ctypes (they
-link neither Python nor torch). Kernels of the `triton` backend are Python modules with `launch(inputs, outputs)`.
+link neither Python nor torch). Kernels of the `triton` and `helion` backends are Python modules with
+`launch(inputs, outputs)` (a Helion one with its config in its source: compiled on its first call, not autotuned).
 """
 
 from __future__ import annotations
@@ -108,13 +110,13 @@ class Form:
 
     def __init__(self, root: Path, namespace: str, e: dict[str, Any]) -> None:
         self.device_type, self.backend = e["device_type"], e["backend"]
-        # machine code runs where it was built; a Triton module where triton is installed
+        # machine code runs where it was built; a Python module where its package (triton, helion) is installed
         needs = frozenset(e.get("cpu_flags", ()))
         self.available = e.get("platform", _PLATFORM) == _PLATFORM and needs <= cpu_flags() and \
-            (e["native"] or importlib.util.find_spec("triton") is not None)
+            (e["native"] or importlib.util.find_spec(e.get("module", "triton")) is not None)
         if not self.available:
             return
-        if not e["native"]:  # a Triton module
+        if not e["native"]:  # a Triton or Helion module
             self.launch = _module(root / e["file"], f"{namespace}_{e['name']}_{e['backend']}").launch
         else:
             self.launch = _native(root / e["file"], e["entry"], self.device_type == "cuda")

@@ -7,9 +7,11 @@ whole chunk loop as one C kernel (forge.policy.recipes.scan), on a GPU the rule'
 (forge.policy.recipes.triton_scan). That one is the scan's only GPU lowering, so it is proposed whenever triton is
 installed, `--policy recipes` included: without it the task stays with the library's ATen loop.
 
-On a GPU a task has two lowerings, CUDA C++ and Triton (forge.policy.recipes.triton_kernels), each with its own
-knobs: the root gets seeds of both, so the search chooses the backend at the first level of the tree and tunes
-within it below (a mutation keeps its parent's backend).
+On a GPU a task has up to three lowerings, CUDA C++, Triton (forge.policy.recipes.triton_kernels) and Helion
+(forge.policy.recipes.helion_kernels), each with its own knobs: the root gets seeds of each asked for, so the search
+chooses the backend at the first level of the tree and tunes within it below (a mutation keeps its parent's
+backend). Helion's knobs are what its autotuner does not explore (one or two passes, float64 statistics) and its
+config, which the search tunes in place of the autotuner (forge.policy.recipes.helion_kernels).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from typing import Any
 
 from forge.kernel import Candidate, Feedback, TaskSpec
 from forge.policy.base import Policy
-from forge.policy.recipes import cuda, pointwise, rowreduce, scan, triton_kernels, triton_scan
+from forge.policy.recipes import cuda, helion_kernels, pointwise, rowreduce, scan, triton_kernels, triton_scan
 from forge.policy.recipes.emit import NotMine
+from forge.policy.recipes.helion_common import HelionKnobs, HelionRowKnobs
 from forge.policy.recipes.triton_common import WHOLE_ROW_MAX, TritonKnobs, TritonRowKnobs
 
 log = logging.getLogger(__name__)
@@ -46,8 +49,12 @@ _SPACES: dict[type, dict[str, tuple[Any, ...]]] = {
     TritonRowKnobs: {"chunk": (0, 1024, 2048, 4096, 8192), "warps": (4, 8, 16, 2, 1)},
     scan.ScanKnobs: {"parallel": (True, False), "simd": (True, False), "fast_math": (False, True)},
     triton_scan.TritonScanKnobs: {"block_v": (32, 8, 16, 64), "warps": (4, 1, 2, 8), "prefetch": (False, True)},
+    HelionKnobs: {"block": (1024, 512, 2048, 4096), "warps": (4, 2, 8), "stages": (1, 2, 3)},
+    HelionRowKnobs: {"passes": (1, 2), "acc64": (False, True), "rows": (1, 2, 4), "chunk": (1024, 2048, 4096, 8192),
+                     "warps": (4, 8, 16, 2, 1), "stages": (1, 2)},
 }
 _TRITON = (TritonKnobs, TritonRowKnobs)
+_HELION = (HelionKnobs, HelionRowKnobs)
 
 
 @dataclass
@@ -61,15 +68,18 @@ class RecipePolicy(Policy):
 
     name = "recipes"
 
-    def __init__(self, device: str = "cpu", sms: int | None = None, triton: bool = False) -> None:
+    def __init__(self, device: str = "cpu", sms: int | None = None, triton: bool = False, helion: bool = False) -> None:
         """`sms`: the GPU's multiprocessor count the row schedules fill (default: the device's, asked of
         torch; an H200's 132 where no GPU is visible, as when CUDA candidates are rendered on a CPU host).
         `triton`: also propose Triton kernels on a GPU, when triton is installed (never on a CPU; forge optimize
-        asks for them with `--policy recipes+triton`; not the default until measured on a GPU)."""
+        asks for them with `--policy recipes+triton`; not the default until measured on a GPU). `helion`: also
+        Helion kernels, when helion is installed (`--policy recipes+helion`; the same caveat)."""
         self.device = device
         self.sms = sms or _sm_count(device)
         self.triton = triton and self.gpu and importlib.util.find_spec("triton") is not None
-        self.name = "recipes+triton" if self.triton else "recipes"  # what a run stores, and --resume rebuilds
+        self.helion = helion and self.gpu and importlib.util.find_spec("helion") is not None
+        # what a run stores, and --resume rebuilds
+        self.name = "+".join(["recipes"] + ["triton"] * self.triton + ["helion"] * self.helion)
         self._lowered: dict[str, _Lowered | NotMine] = {}
         self._proposed: dict[str, set[Any]] = {}
         self._sources: dict[tuple[str, Any], Candidate | None] = {}
@@ -109,10 +119,14 @@ class RecipePolicy(Policy):
         return pointwise.Knobs if kind == "pointwise" else rowreduce.RowKnobs
 
     def knob_classes(self, spec: TaskSpec) -> tuple[type, ...]:
-        """The knobs dataclasses of every lowering of the task on this device: the native one, then Triton's."""
-        if not self.triton or self.lowered(spec).kind == "scan":  # a scan's one lowering (Triton on a GPU)
+        """The knobs dataclasses of every lowering of the task on this device: the native one, then Triton's and
+        Helion's where asked for; a scan has one (C on the CPU, Triton on a GPU)."""
+        kind = self.lowered(spec).kind
+        if kind == "scan":
             return (self.knob_class(spec),)
-        return self.knob_class(spec), TritonKnobs if self.lowered(spec).kind == "pointwise" else TritonRowKnobs
+        rows = kind != "pointwise"
+        return ((self.knob_class(spec),) + (((TritonRowKnobs if rows else TritonKnobs),) if self.triton else ())
+                + (((HelionRowKnobs if rows else HelionKnobs),) if self.helion else ()))
 
     def refusal(self, spec: TaskSpec) -> str | None:
         """None if a recipe can express the task, else why not."""
@@ -161,6 +175,10 @@ class RecipePolicy(Policy):
             return _triton_row_seeds(low.length)
         if cls is triton_scan.TritonScanKnobs:
             return triton_scan.seeds(low)
+        if cls is HelionKnobs:
+            return [HelionKnobs(), HelionKnobs(4096, 8)]
+        if cls is HelionRowKnobs:
+            return _helion_row_seeds(low.length)
         space = _relevant(_SPACES[cls], cls, self.lowered(spec))
         combos = list(itertools.product(*space.values()))
         picks = [combos[0]] + combos[1::max(1, len(combos) // 5)]
@@ -169,7 +187,7 @@ class RecipePolicy(Policy):
     def payload_of(self, spec: TaskSpec, knobs: dict[str, Any]) -> Any:
         """The knobs dataclass of stored knobs (the inverse of storing it): how --resume rebuilds a tree. The
         lowering is the one whose knobs have these names."""
-        for cls in (self.knob_class(spec), *_TRITON):
+        for cls in (self.knob_class(spec), *_TRITON, *_HELION):
             if set(knobs) == {f.name for f in dataclasses.fields(cls)}:
                 return cls(**knobs)
         return self.knob_class(spec)(**knobs)  # the native class's own error names what is wrong
@@ -184,6 +202,8 @@ class RecipePolicy(Policy):
                     self._sources[key] = triton_kernels.candidate(spec, knobs, low.low)
                 elif isinstance(knobs, triton_scan.TritonScanKnobs):
                     self._sources[key] = triton_scan.candidate(spec, low.low, knobs)
+                elif isinstance(knobs, _HELION):
+                    self._sources[key] = helion_kernels.candidate(spec, knobs, low.low)
                 elif self.gpu:
                     self._sources[key] = cuda.candidate(spec, knobs, low.low)
                 elif low.kind == "scan":
@@ -202,6 +222,7 @@ class RecipePolicy(Policy):
         cand = self._render(spec, payload)
         if cand is None:
             lang = "Triton" if isinstance(payload, (*_TRITON, triton_scan.TritonScanKnobs)) else \
+                "Helion" if isinstance(payload, _HELION) else \
                 "CUDA" if self.gpu else "C"
             raise NotMine(f"no {lang} kernel for {payload}")
         return cand
@@ -264,3 +285,12 @@ def _triton_row_seeds(length: int) -> list[TritonRowKnobs]:
     block = 1 << max(length - 1, 1).bit_length()
     seeds = [TritonRowKnobs(0, 4 if block <= 2048 else 8 if block <= 8192 else 16)] if block <= WHOLE_ROW_MAX else []
     return seeds + [TritonRowKnobs(min(4096, max(block // 2, 1024)), 8)]
+
+
+def _helion_row_seeds(length: int) -> list[HelionRowKnobs]:
+    """First Helion row schedules: the row held whole where it fits (more warps for longer rows), and walked in
+    chunks."""
+    block = 1 << max(length - 1, 1).bit_length()
+    warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+    whole = [HelionRowKnobs(passes=1, warps=warps)] if block <= WHOLE_ROW_MAX else []
+    return whole + [HelionRowKnobs(passes=2, chunk=min(4096, max(block // 2, 1024)), warps=8)]

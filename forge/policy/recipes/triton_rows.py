@@ -74,11 +74,12 @@ def _chunk_finish(op: str, length: int, eps: str) -> list[str]:
     return []
 
 
-class _Parts:
+class Parts:
     """The row's emitters: prologue (pass 1), epilogue (pass 2; the same emitter when the row is whole, so the
-    epilogue reuses the prologue's values) and per-row outputs."""
+    epilogue reuses the prologue's values) and per-row outputs; in Triton, or in `emitter`'s language (Helion's)."""
 
-    def __init__(self, spec: TaskSpec, low: rowreduce.RowLowered, whole: bool) -> None:
+    def __init__(self, spec: TaskSpec, low: rowreduce.RowLowered, whole: bool,
+                 emitter: type[TritonEmitter] = TritonEmitter) -> None:
         gm = trace_task(spec)
         self.red = next(n for n in gm.graph.nodes
                         if n.op == "call_function" and rowreduce.op_name(n.target) == low.op)
@@ -88,17 +89,17 @@ class _Parts:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         inputs: dict[torch.fx.Node, int] = {p: n for n, p in enumerate(placeholders)}
         red, op, length, simplify = self.red, low.op, low.length, self.simplify
-        self.pro = TritonEmitter(inputs, spec.inputs, simplify, block=(j,), prefix="p")
+        self.pro = emitter(inputs, spec.inputs, simplify, block=(j,), prefix="p")
         self.x = self.pro.value(red.args[0], self.i)
         self.n_pro = len(self.pro.lines)
-        self.epi = self.pro if whole else TritonEmitter(inputs, spec.inputs, simplify, block=(j,), prefix="e")
+        self.epi = self.pro if whole else emitter(inputs, spec.inputs, simplify, block=(j,), prefix="e")
         epi = self.epi
         epi.special[red] = rowreduce.at_row(red, op, length, simplify, r,
                                             lambda idx: rowreduce._reduced_value(red, op, idx, epi, length))
-        self.per_row = TritonEmitter(inputs, spec.inputs, simplify, block=(), prefix="q")
+        self.per_row = emitter(inputs, spec.inputs, simplify, block=(), prefix="q")
         per_row = self.per_row
         per_row.special[red] = lambda idx: rowreduce._reduced_value(red, op, idx, per_row, length)
-        self.piv = TritonEmitter(inputs, spec.inputs, simplify, block=(), prefix="z")
+        self.piv = emitter(inputs, spec.inputs, simplify, block=(), prefix="z")
         self.piv_value = self.piv.value(red.args[0], r * length) if op in _VARIANCE and not whole else ""
         (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
         self.outs: list[Any] = list(out_node.args[0])
@@ -128,7 +129,7 @@ def row_source(spec: TaskSpec, knobs: TritonRowKnobs, low: rowreduce.RowLowered 
         raise NotMine(f"chunk {knobs.chunk} is not a power of two of at least 16")
     if whole and block > WHOLE_ROW_MAX:
         raise NotMine(f"a row of {length} is too long to hold in one block")
-    parts = _Parts(spec, low, whole)
+    parts = Parts(spec, low, whole)
     eps = lit(low.eps)
     pro_lines = parts.pro.lines[:parts.n_pro]
     y, row_stores = parts.stores(spec, low, "[BLOCK]")

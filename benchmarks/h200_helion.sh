@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Issue 18 item 2 on the device: the Helion recipe and export tests, then the seven anchors' Helion recipe candidates
+# verified and timed against the CUDA recipes, eager and torch.compile (args: anchor names, or none for all), then a
+# recipes+helion run of the RMSNorm + SwiGLU example exported and its Helion forms called in a fresh process: Helion's
+# autotuner is a tripwire there (an exported kernel runs its shipped config), and the first call (compile) and the
+# steady state are timed. Writes $OUT/{env,pytest_helion,helion_recipes,optimize,export,first_call}.txt and
+# $OUT/helion_recipes.json. Not run yet.
+# The image lacks helion and what it imports, and sqlalchemy and pyseccomp (the evaluator); fetch the wheels here
+# into .whl/ (ignored by git; about 12 MB) and carry .whl:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+#     helion==1.5.1 rich markdown-it-py mdurl pygments psutil filecheck sqlalchemy==2.1.9 greenlet pyseccomp==0.1.2
+# (numpy and typing-extensions come with the image's torch; helion's scikit-learn and SciPy, 45 MB, only feed its
+# autotuner's surrogate models, imported if present, and forge never runs the autotuner.)
+set -u
+OUT=${OUT:-out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site || exit 1
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export FORGE_CACHE=${FORGE_CACHE:-$(mktemp -d)}
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c \
+  'import torch, triton, helion, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, helion.__version__)'; } \
+  2>&1 | tee "$OUT/env.txt"
+python3 -c 'import helion' || exit 1
+if [ -z "${SKIP_TESTS:-}" ]; then
+  python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_recipe_helion.py tests/test_tilechecks.py \
+    tests/test_export_helion.py 2>&1 | tail -15 | tee "$OUT/pytest_helion.txt"
+fi
+python3 benchmarks/triton_recipes.py --backend helion --json "$OUT/helion_recipes.json" ${HELION_ARGS:-} --only "$@" \
+  2>&1 | grep -v -i "warn" | tee "$OUT/helion_recipes.txt"
+DB="$OUT/forge.db"
+python3 -m forge.cli optimize examples/rmsnorm_swiglu.py --device cuda --eval --policy recipes+helion \
+  --seconds "${SECONDS_BUDGET:-180}" --db "$DB" --out "$OUT/runs" 2>&1 | tail -12 | tee "$OUT/optimize.txt"
+python3 -m forge.cli export last "$OUT/repo" --db "$DB" 2>&1 | tee "$OUT/export.txt" || exit 1
+python3 - "$OUT/repo/build/torch-universal" <<'PY' 2>&1 | tee "$OUT/first_call.txt"
+import sys, time
+from pathlib import Path
+import torch
+from helion.runtime.kernel import BoundKernel
+
+def no_tuning(*args, **kwargs):
+    raise AssertionError("Helion autotuned an exported kernel")
+
+BoundKernel.autotune = no_tuning  # an exported Helion kernel runs the config in its source
+universal = Path(sys.argv[1])
+(pkg,) = [p.name for p in universal.iterdir() if p.is_dir()]
+sys.path.insert(0, str(universal))
+k = __import__(pkg)
+for name, kernel in k._KERNELS.items():
+    form = kernel.forms.get("cuda")
+    if form is None or form.backend != "helion":
+        print(f"{name}: no Helion form ({form.backend if form else 'none'})")
+        continue
+    args = [m.empty(torch.device("cuda")).copy_(torch.randn(m.shape)) for m in kernel.inputs]
+    outs = [m.empty(torch.device("cuda")) for m in kernel.outputs]
+    torch.cuda.synchronize(); t = time.perf_counter(); rc = form.launch(args, outs); torch.cuda.synchronize()
+    first = (time.perf_counter() - t) * 1e3
+    for _ in range(10):
+        form.launch(args, outs)
+    torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(100):
+        form.launch(args, outs)
+    torch.cuda.synchronize()
+    err = max((o.float() - w.float()).abs().max().item() for o, w in zip(outs, kernel.reference(*args)))
+    print(f"{name}: rc {rc}, first call {first:.1f} ms (compile, no autotuning), steady "
+          f"{(time.perf_counter() - t) * 1e4:.1f} us, max abs err {err:.2e}")
+PY

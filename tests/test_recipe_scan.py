@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from forge.capture.export import capture
+from forge.capture.scans import recurrence
 from forge.evaluate.confine import available
 from forge.evaluate.domains import input_domains
 from forge.evaluate.evaluator import Evaluator
-from forge.evaluate.verify import SETS, make_input
+from forge.evaluate.verdicts import within_tolerance
+from forge.evaluate.verify import SETS, Reference, make_input
 from forge.kernel import TaskSpec
 from forge.policy.recipes import scan
 from forge.policy.recipes.emit import NotMine
@@ -129,3 +131,23 @@ def test_a_scans_decay_and_rates_are_drawn_in_their_domain():
         assert (g <= 0).all() and ((beta >= 0) & (beta <= 1)).all() and (free > 0).any()
     (silu,) = build_tasks(capture(torch.nn.SiLU(), [torch.randn(4, 4)]).graph_module.graph)
     assert input_domains(silu.source) == {}
+
+
+def test_a_float32_scan_output_is_judged_against_the_rule_not_the_librarys_float32_rounding():
+    """Verification's higher-precision reference of a scan is the rule in float64 (forge.capture.scans.precise): on
+    every input set, a float32 kernel computing the rule exactly (its float64 recurrence rounded to float32) is
+    within tolerance, and closer to that reference than the library's own float32 chunked result is."""
+    spec = rule_spec()
+    ref = Reference(spec.source)
+    gen = torch.Generator().manual_seed(0)
+    for k in range(SETS):
+        inputs = [make_input(m, k, gen, "cpu", domain=ref.domains.get(i, "")) for i, m in enumerate(spec.inputs)]
+        eager, high = ref(inputs)
+        exact = recurrence(*inputs[:5], inputs[5], True)
+        for i, (out, e, h) in enumerate(zip(exact, eager, high, strict=True)):
+            assert h.dtype == torch.float64
+            out = out.to(e.dtype)
+            finite = torch.isfinite(h)
+            row: dict = {}
+            assert within_tolerance("out", out, e, h, finite, "float32", row, f"set {k}", i) is None, row
+            assert row[f"err{i}"] <= row[f"eager_err{i}"], row

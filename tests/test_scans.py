@@ -9,7 +9,7 @@ import torch
 
 from forge.capture import export
 from forge.capture.export import capture
-from forge.capture.scans import IMPORT, as_ops, is_scan
+from forge.capture.scans import IMPORT, as_ops, is_scan, library_source, precise
 from forge.tasks.cut import build_tasks, compile_source
 
 pytest.importorskip("transformers")
@@ -140,3 +140,33 @@ def test_only_the_functions_forge_routes_are_called_back_by_name():
     call = "v0 = torch.ops.forge_scan.chunk_gated_delta_rule.default(in0, in1, in2, in3, in4, None, 64, True, '{}')"
     assert libraries(call.format(RULE)) == ("transformers.models.qwen3_5.modeling_qwen3_5",)
     assert libraries(call.format("os.path.join")) == ()
+
+
+def chunked_in_float64():
+    """The library's own chunked algorithm with its float32 made float64 (its source, run in its module)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as lib
+
+    namespace = dict(vars(lib))
+    exec(library_source(RULE).replace("torch.float32", "torch.float64"), namespace)  # noqa: S102 - the library's
+    return namespace["torch_chunk_gated_delta_rule"]
+
+
+@pytest.mark.parametrize("state, l2norm, t", [(True, True, 80), (False, False, 37)])
+def test_under_precise_the_op_computes_the_rule_in_float64(state: bool, l2norm: bool, t: int):
+    """Verification's higher-precision reference of a scan (forge.capture.scans.precise): token by token in float64,
+    it equals the library's chunked algorithm run in float64 to 1e-10; the library as it is (float32 inside, whatever
+    it is given) is what the op computes without it."""
+    q, k, v, g, beta = (x.double() for x in delta_inputs(t=t))
+    s0 = torch.randn(2, 4, 16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) if state else None
+    kw = dict(g=g, beta=beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
+    want = chunked_in_float64()(q, k, v, **kw)
+    op = torch.ops.forge_scan.chunk_gated_delta_rule
+    with precise():
+        got = op(q, k, v, g, beta, s0, 64, l2norm, RULE)
+    plain = op(q, k, v, g, beta, s0, 64, l2norm, RULE)
+    library = lib_rule()(q, k, v, **kw)
+    for mine, truth, lib32, off in zip(got, want, library, plain, strict=True):
+        assert mine.dtype == torch.float64
+        torch.testing.assert_close(mine, truth, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(off.to(lib32.dtype), lib32, rtol=0, atol=0)  # without precise(): the library
+        assert (lib32.double() - truth).abs().max() > 1e-9  # which rounds in float32

@@ -24,6 +24,7 @@ implementations agree, so verification draws those inputs inside it (forge.evalu
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import inspect
@@ -96,12 +97,54 @@ def chunk_gated_delta_rule(query: torch.Tensor, key: torch.Tensor, value: torch.
                            beta: torch.Tensor, initial_state: torch.Tensor | None, chunk_size: int,
                            use_qk_l2norm_in_kernel: bool, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated delta rule over chunks, as the library function `impl` computes it: (the output
-    [batch, seq, v_heads, v_dim] in query's dtype, the final state [batch, v_heads, k_dim, v_dim] in float32)."""
+    [batch, seq, v_heads, v_dim] in query's dtype, the final state [batch, v_heads, k_dim, v_dim] in float32).
+    Under `precise()` with float64 inputs: the rule in float64 (`recurrence`), both outputs float64."""
+    if _PRECISE.get() and query.dtype == torch.float64:
+        return recurrence(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel)
     out, state = library_function(impl)(query, key, value, g=g, beta=beta, chunk_size=chunk_size,
                                         initial_state=initial_state, output_final_state=True,
                                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
     given = [query, key, value, g, beta, initial_state]
     return _fresh(out, given), _fresh(state, given)
+
+
+_PRECISE = contextvars.ContextVar("forge_scan_precise", default=False)
+
+
+@contextmanager
+def precise() -> Iterator[None]:
+    """Within it, the scan op given float64 inputs computes the rule in float64 (`recurrence`) instead of calling
+    the library, which computes in float32 whatever it is given: verification's higher-precision reference of a
+    scan (forge.evaluate.verify.Reference), so that a float32 output is judged against the rule, not against
+    the library's own float32 rounding (2e-4 to 6e-4 from it on verification's inputs)."""
+    token = _PRECISE.set(True)
+    try:
+        yield
+    finally:
+        _PRECISE.reset(token)
+
+
+def recurrence(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               initial_state: torch.Tensor | None, l2norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule token by token in float64, with the library's conventions (grouped heads, q and k
+    L2-normalised with eps 1e-6 inside the root, q scaled by k_dim ** -0.5): per token t, S *= exp(g_t);
+    u = beta_t (v_t - S^T k_t); S += k_t u^T; o_t = S^T q_t. (output [b, t, hv, dv], final state [b, hv, dk, dv])."""
+    q, k, v, g64, b64 = (x.to(torch.float64) for x in (query, key, value, g, beta))
+    hk, hv = k.shape[2], v.shape[2]
+    if hk != hv:
+        q, k = q.repeat_interleave(hv // hk, dim=2), k.repeat_interleave(hv // hk, dim=2)
+    if l2norm:
+        q, k = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    q = q * q.shape[-1] ** -0.5
+    state = (initial_state.to(torch.float64).clone() if initial_state is not None else
+             q.new_zeros(q.shape[0], hv, q.shape[-1], v.shape[-1]))
+    out = v.new_empty(v.shape)
+    for t in range(q.shape[1]):
+        state = state * g64[:, t].exp()[..., None, None]
+        u = (v[:, t] - torch.einsum("bhkv,bhk->bhv", state, k[:, t])) * b64[:, t][..., None]
+        state = state + k[:, t][..., :, None] * u[..., None, :]
+        out[:, t] = torch.einsum("bhkv,bhk->bhv", state, q[:, t])
+    return out, state
 
 
 @chunk_gated_delta_rule.register_fake

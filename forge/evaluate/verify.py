@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from forge.capture.export import TensorMeta, output_view
+from forge.capture.scans import precise
 from forge.evaluate.domains import input_domains, into
 from forge.evaluate.integers import integers, signed_inputs
 from forge.evaluate.verdicts import Verdict, judge_output, judged
@@ -208,7 +209,8 @@ class Reference:
         with torch.no_grad():
             eager = list(self.eager(*[x.clone() for x in inputs]))
             try:
-                high = list(self.high(*[_promote(x.clone()) for x in inputs]))
+                with precise():  # a scan's reference in float64 (forge.capture.scans)
+                    high = list(self.high(*[_promote(x.clone()) for x in inputs]))
             except Exception:  # an op without a higher-precision kernel: compare with eager only
                 high = [e.clone() for e in eager]
         return eager, high

@@ -205,9 +205,15 @@ def snoop_answer(prompt):
 
 
 def test_the_snoop_kernel_finds_a_key_it_can_see(spec, tmp_path):
-    """The control: where a process holding the secret is visible, the kernel finds it and is wrong."""
+    """The control: where a process holding the secret is visible, the kernel finds it and is wrong. A worker
+    started by root runs as its own user and sees only that user's processes (forge.evaluate.privilege): the
+    decoy runs as that user then."""
+    from forge.evaluate.privilege import account
+
     secret = "sk-forge-leaktest-" + secrets.token_hex(8)
-    decoy = subprocess.Popen(["sleep", "120"], env={"PATH": os.environ["PATH"], "SOME_API_KEY": secret})
+    who = account()  # None where forge is not root: the worker is forge's user, as the decoy is
+    as_worker = {"user": who[0], "group": who[1], "extra_groups": []} if who else {}
+    decoy = subprocess.Popen(["sleep", "120"], env={"PATH": os.environ["PATH"], "SOME_API_KEY": secret}, **as_worker)
     try:
         with Evaluator("cpu", bench=FAST) as ev:
             seen = ev.evaluate(spec, Candidate("cpu", SNOOP + "// with a decoy\n"))

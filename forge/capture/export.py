@@ -50,6 +50,16 @@ class TensorMeta:
         return getattr(torch, self.dtype)
 
     @property
+    def non_overlapping(self) -> bool:
+        """No two elements share memory (a copy can be written into a tensor of this layout)."""
+        span = 1
+        for size, st in sorted((d for d in zip(self.shape, self.stride, strict=True) if d[0] > 1), key=lambda d: d[1]):
+            if st < span:
+                return False
+            span = st * size
+        return True
+
+    @property
     def numel(self) -> int:
         """Number of elements."""
         n = 1

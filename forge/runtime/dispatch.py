@@ -4,7 +4,9 @@
 each task key (forge.tasks.cut), and swaps the region's nodes for one call of a `GuardedKernel`. At run
 time the kernel runs only when its guards hold: device type, dtype, shape and stride of every input,
 and no autograd (inference only); otherwise, or when the kernel fails, the region's eager reference
-runs instead and the fallback is counted (`strict=True` raises instead). Counters are per kernel.
+runs instead and the fallback is counted (`strict=True` raises instead). Counters are per kernel. Inputs in
+another layout than verified (a kernel upstream writes row-major what eager leaves a transposed view, say) are
+copied into the verified one and the kernel runs (counted as `relaid`), where that layout has no overlap.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Counters:
-    """How often a kernel ran, and why it did not."""
+    """How often a kernel ran (`relaid`: of those, runs on copies of inputs that came in another layout than
+    the verified one), and why it did not."""
 
     hits: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
+    relaid: int = 0
 
 
 # looked up once: a guarded call runs on every call of every kernel
@@ -118,6 +122,7 @@ class GuardedKernel(torch.nn.Module):
                                    m.torch_dtype) == o), None)) for o in outputs)
         self._cuda = self.device_type == "cuda"
         self._signature = [(m.torch_dtype, m.shape, m.stride, self._cuda, not self._cuda) for m in art.inputs]
+        self._relayable = all(m.non_overlapping for m in art.inputs)
 
     def _guard(self, args: tuple[Any, ...]) -> str | None:
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
@@ -135,6 +140,20 @@ class GuardedKernel(torch.nn.Module):
             if a.stride() != stride:
                 return "stride"
         return None
+
+    def _relaid(self, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
+        """Copies in the verified layout of inputs that came in another (a kernel upstream writes row-major what
+        eager leaves a transposed view, say): the kernel runs on what it was verified for, the copies' cost in
+        every end-to-end timing of the variant."""
+        out = []
+        for a, (dtype, shape, stride, _, _) in zip(args, self._signature, strict=True):
+            if a.stride() != stride:
+                a = torch.empty_strided(shape, stride, dtype=dtype, device=a.device).copy_(a)
+            out.append(a)
+        if not self.counters.relaid:
+            log.info("forge kernel %s: an input came in another layout than verified; it runs on copies", self.art.key)
+        self.counters.relaid += 1
+        return tuple(out)
 
     def _fallback(self, why: str, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...]:
         if self.strict:
@@ -158,7 +177,9 @@ class GuardedKernel(torch.nn.Module):
                 passed = False
         if not passed:
             why = self._guard(args)
-            if why is not None:
+            if why == "stride" and self._relayable:
+                args = self._relaid(args)
+            elif why is not None:
                 return self._fallback(why, args)
         outs = []
         for shape, stride, dtype, like in self._outputs_like:  # in the layout verification had them in

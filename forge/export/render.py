@@ -7,9 +7,15 @@ import math
 import re
 from dataclasses import dataclass
 
+import jinja2
+
 from forge.backends import BACKENDS
 from forge.export.align import LayerSpec
 from forge.tolerance import tolerance
+
+# The card is Markdown, not HTML: nothing is escaped. keep_trailing_newline: the file ends with its newline.
+_CARD = jinja2.Environment(loader=jinja2.PackageLoader("forge.export", "templates"), autoescape=False,
+                           undefined=jinja2.StrictUndefined, keep_trailing_newline=True).get_template("card.md.j2")
 
 
 @dataclass(frozen=True)
@@ -179,59 +185,11 @@ def card(name: str, info: dict, kernels: list[Exported], specs: dict[str, tuple[
                      for k in kernels)
     layers = "\n".join(f"| `{s.layer_name}` | `{s.module_class}` | `{s.module_path}` | `{n}` |"
                        for s, n in specs.values()) or "| (none) | | | |"
-    mapping = ", ".join(f'"{s.layer_name}": {{"{info.get("device", "cpu").split(":")[0]}": LocalLayerRepository('
-                        f'repo, layer_name="{s.layer_name}")}}' for s, _ in specs.values())
+    device = info.get("device", "cpu").split(":")[0]
+    mapping = ", ".join(f'"{s.layer_name}": {{"{device}": LocalLayerRepository(repo, layer_name="{s.layer_name}")}}'
+                        for s, _ in specs.values())
     e2e = (f"{info['eager_ms']:.3f} ms eager, {info['forge_ms']:.3f} ms with forge "
            f"({info['eager_ms'] / info['forge_ms']:.2f}x)" if info.get("eager_ms") and info.get("forge_ms") else "-")
-    return f"""---
-license: apache-2.0
-tags:
-- kernels
-- forge
----
-
-# {name}
-
-Kernels found by forge's search for `{info.get('model')}` (run `{info.get('run_id')}`, {info.get('dtype')},
-{info.get('mode')} mode), verified and timed on **{info.get('device_model')}**. The model end to end: {e2e}.
-
-| kernel | family | backend | inputs | eager us | kernel us | speedup |
-|---|---|---|---|---|---|---|
-{rows}
-
-Times are medians of forge's paired measurements (kernel and eager interleaved) on that device.
-
-## Layers
-
-| layer | replaces | in the exported model | kernel |
-|---|---|---|---|
-{layers}
-
-```python
-from pathlib import Path
-from kernels import LocalLayerRepository, Mode, kernelize, replace_kernel_forward_from_hub, use_kernel_mapping
-
-repo = Path("{name}")  # this folder
-# for each layer: replace_kernel_forward_from_hub(TheModuleClass, "TheLayerName") (or decorate the class with
-# use_kernel_forward_from_hub("TheLayerName")), then
-with use_kernel_mapping({{{mapping}}}):
-    model = kernelize(model, mode=Mode.INFERENCE, device="{info.get('device', 'cpu').split(':')[0]}")
-```
-
-Every other kernel is a function: `get_local_kernel(repo).{kernels[0].name if kernels else 'name'}(*inputs)`
-returns the region's outputs as a tuple (the kernel where the inputs are what it was verified for, the
-region's reference otherwise); `.op` is the torch op (a custom op with a fake implementation: opaque to
-torch.compile), `.reference` the region in ATen ops.
-
-## Layout
-
-`build/` holds {', '.join(f'`{v}`' for v in variants)}. CPU kernels are C shared libraries with forge's C entry
-point, built by forge with `-O3 -march=native` for the CPU above: they link neither Python nor torch and are
-called through ctypes, so the `cpu` variant is an arch variant only because it holds machine code; another
-CPU should re-verify them (`forge.load(..., verify=True)`). Triton and Helion kernels are in `torch-universal`
-(a Helion kernel's tuned config is in its source: its first call compiles, nothing autotunes): a kernel whose
-winner is native there has the best Triton or Helion candidate its search verified beside it, its no-arch form
-for CUDA devices (the op dispatches on the inputs' device). The sources
-are in `torch-ext/{pyname}/kernels/`, the reference of each region in `torch-ext/{pyname}/references/`.
-`python -m pytest tests` checks each kernel against its reference.
-"""
+    return _CARD.render(
+        name=name, pyname=pyname, info=info, rows=rows, layers=layers, mapping=mapping, e2e=e2e, device=device,
+        first=kernels[0].name if kernels else "name", variants=", ".join(f"`{v}`" for v in variants))

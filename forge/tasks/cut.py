@@ -185,6 +185,23 @@ def canonical_order(region: list[torch.fx.Node]) -> list[torch.fx.Node]:
     return out
 
 
+def _body(region: list[torch.fx.Node], names: dict[torch.fx.Node, str]) -> tuple[list[str], bool]:
+    """The function's lines, one a node (its metadata as a comment), and whether a node takes a device."""
+    body: list[str] = []
+    uses_device = False
+    for n in region:
+        if n.target is operator.getitem:
+            line = f"{names[n]} = {names[n.args[0]]}[{n.args[1]!r}]"
+        else:
+            args = [_literal(a, names) for a in n.args]
+            args += [f"{k}={_literal(v, names)}" for k, v in n.kwargs.items()]
+            uses_device |= any(isinstance(v, torch.device) for v in (*n.args, *n.kwargs.values()))
+            line = f"{names[n]} = {_callee(n.target)}({', '.join(args)})"
+        meta = node_meta(n)
+        body.append(f"    {line}" + (f"  # {meta.short()}" if meta else ""))
+    return body, uses_device
+
+
 def region_source(region: list[torch.fx.Node]) -> Rendered:
     """Render one region (its nodes in graph order) as a standalone function, its body in the region's
     canonical order; raises ValueError when it cannot be rendered."""
@@ -201,21 +218,9 @@ def region_source(region: list[torch.fx.Node]) -> Rendered:
                 names[p] = f"in{len(ext)}"
                 ext.append(p)
     outs = [n for n in region if any(u not in members and not is_noop(u) for u in n.users)]
-    body: list[str] = []
-    uses_device = False
     for i, n in enumerate(region):
         names[n] = f"v{i}"
-    for n in region:
-        if n.target is operator.getitem:
-            line = f"{names[n]} = {names[n.args[0]]}[{n.args[1]!r}]"
-        else:
-            args = [_literal(a, names) for a in n.args]
-            args += [f"{k}={_literal(v, names)}" for k, v in n.kwargs.items()]
-            uses_device |= any(isinstance(v, torch.device) for v in n.kwargs.values())
-            uses_device |= any(isinstance(v, torch.device) for v in n.args)
-            line = f"{names[n]} = {_callee(n.target)}({', '.join(args)})"
-        meta = node_meta(n)
-        body.append(f"    {line}" + (f"  # {meta.short()}" if meta else ""))
+    body, uses_device = _body(region, names)
     for o in outs:
         if node_meta(o) is None:
             raise ValueError(f"region output {o.name} is not a tensor")

@@ -4,6 +4,9 @@
 # launch-bound timings. Each under a time limit; JSON and log per job under $OUT.
 #   usage: bash benchmarks/h200_models.sh MODEL:DTYPE[:extra,args] ...
 #   e.g.   bash benchmarks/h200_models.sh resnet50:fp32 resnet50:bf16 gemma4:bf16:--seconds,200
+# A model whose compilations do not fit one call (Qwen 3.5: forge ~440 s, torch.compile's default mode over 495 s)
+# is measured one part a call, each with its own eager, merged by models.py --collect:
+#   qwen35:bf16:--parts,forge   then   qwen35:bf16:--parts,compile   then   qwen35:bf16:--parts,compile_ro
 # Carry .whl (sqlalchemy for the store, diffusers for SD3.5; see h200_eval.sh). Env: LIMIT (seconds a job,
 # default 560).
 set -u

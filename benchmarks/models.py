@@ -53,11 +53,13 @@ def round_robin(fns: dict[str, Callable[[], Any]], device: str, runs: int = 25) 
     return out
 
 
-def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store: Store, tmp: str, row: dict,
-              save: Callable[[], None]) -> None:
-    """One model: optimize (timed whole), rebuild its result, compile eager twice, time all four round-robin."""
-    loaded = load_zoo(name, args.device, args.dtype, **sizes)
-    model, inputs, device = loaded.model, loaded.inputs, loaded.device
+PARTS = ("forge", "compile", "compile_ro")  # besides eager, always timed: what a row can hold
+MODES = {"compile": None, "compile_ro": "reduce-overhead"}
+
+
+def run_forge(name: str, args: argparse.Namespace, loaded: Any, store: Store, tmp: str, row: dict,
+              save: Callable[[], None]) -> Callable[[], Any]:
+    """forge optimize (timed whole) on the loaded model, then its result rebuilt from the artifact."""
     start = time.monotonic()
     budget = Budget(**({"seconds": args.seconds} if args.seconds else {}))
     blocks = args.blocks if args.blocks is not None else zoo.get_spec(name).blocks
@@ -68,37 +70,74 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
                optimize_eager_ms=report.eager_ms, optimize_forge_ms=report.forge_ms,
                peak_mem_ratio=report.peak_mem_ratio, run=report.to_json())
     save()
-    ours = forge.load(report.artifact, model, inputs)  # what a user gets from the artifact
-    fns: dict[str, Callable[[], Any]] = {"eager": lambda: model(*inputs), "forge": lambda: ours(*inputs)}
-    compiled = {}
-    for key, mode in (("compile", None), ("compile_ro", "reduce-overhead")):
+    return forge.load(report.artifact, loaded.model, loaded.inputs)  # what a user gets from the artifact
+
+
+def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store: Store, tmp: str, row: dict,
+              save: Callable[[], None]) -> None:
+    """One model: optimize, compile eager in each mode (those of --parts), time them and eager round-robin.
+    A compilation started is saved in the row ("<mode>_started") before it runs: a run cut by its time limit
+    shows which one did not finish."""
+    loaded = load_zoo(name, args.device, args.dtype, **sizes)
+    model, inputs, device = loaded.model, loaded.inputs, loaded.device
+    row["parts"] = list(args.parts)
+    fns: dict[str, Callable[[], Any]] = {"eager": lambda: model(*inputs)}
+    rivals: dict[str, Callable[..., Any]] = {}
+    if "forge" in args.parts:
+        ours = run_forge(name, args, loaded, store, tmp, row, save)
+        rivals["forge"] = ours
+        fns["forge"] = lambda: ours(*inputs)
+    for key in (k for k in MODES if k in args.parts):
+        row[f"{key}_started"] = True
+        save()
         t0 = time.monotonic()
-        compiled[key] = torch.compile(model, mode=mode)
+        rivals[key] = torch.compile(model, mode=MODES[key])
         with torch.no_grad():
-            compiled[key](*inputs)
+            rivals[key](*inputs)
         row[f"{key}_s"] = time.monotonic() - t0
-        fns[key] = lambda c=compiled[key]: c(*inputs)
+        fns[key] = lambda c=rivals[key]: c(*inputs)
     times = round_robin(fns, device)
     fresh = fresh_inputs(inputs)
-    matches = {k: outputs_match(model, f, fresh) for k, f in (("forge", ours), *compiled.items())}
+    matches = {k: outputs_match(model, f, fresh) for k, f in rivals.items()}
     row.update({f"{k}_ms": t["median"] for k, t in times.items()}, spread={k: [t["p10"], t["p90"]] for k, t in
-               times.items()}, outputs_match=matches["forge"][0], max_rel_err=matches["forge"][1],
-               compile_match=matches["compile"][0], compile_ro_match=matches["compile_ro"][0])
-    best = min(row["compile_ms"], row["compile_ro_ms"])
-    row.update(forge_x_eager=row["eager_ms"] / row["forge_ms"], forge_x_compile=best / row["forge_ms"])
-    if args.profile and device.startswith("cuda"):  # what the gap is made of: device time by kernel family
-        faster = "compile" if row["compile_ms"] <= row["compile_ro_ms"] else "compile_ro"
-        try:
-            row["profile"] = {k: breakdown(fns[k]) for k in ("forge", faster)}
-        except Exception as e:  # noqa: BLE001 - the timings above stand without it
-            row["profile_error"] = f"{type(e).__name__}: {e}"[:300]
+               times.items()})
+    for key in (k for k in MODES if k in matches):
+        row[f"{key}_match"] = matches[key][0]
+    if "forge" in matches:
+        row.update(outputs_match=matches["forge"][0], max_rel_err=matches["forge"][1],
+                   forge_x_eager=row["eager_ms"] / row["forge_ms"])
+    if "forge" in matches and "compile" in matches and "compile_ro" in matches:
+        best = min(row["compile_ms"], row["compile_ro_ms"])
+        row["forge_x_compile"] = best / row["forge_ms"]
+        if args.profile and device.startswith("cuda"):  # what the gap is made of: device time by kernel family
+            faster = "compile" if row["compile_ms"] <= row["compile_ro_ms"] else "compile_ro"
+            try:
+                row["profile"] = {k: breakdown(fns[k]) for k in ("forge", faster)}
+            except Exception as e:  # noqa: BLE001 - the timings above stand without it
+                row["profile_error"] = f"{type(e).__name__}: {e}"[:300]
 
 
 ROW_KEYS = ("model", "dtype", "eager_ms", "compile_ms", "compile_ro_ms", "forge_ms", "variant", "outputs_match",
             "peak_mem_ratio", "optimize_s", "commit", "date")
 EXTRA_KEYS = ("forge_x_eager", "forge_x_compile", "spread", "max_rel_err", "compile_match", "compile_ro_match",
               "compile_s", "compile_ro_s", "device", "torch", "sizes", "error", "profile",
-              "profile_error")
+              "profile_error", "parts", "eager_by_part", "compile_started", "compile_ro_started")
+
+
+def merge_part(row: dict, part: dict) -> dict:
+    """A row measured in parts (--parts, one device call each): each part's ms stays as timed with its own
+    eager; the speedups are ratios to that eager, and forge over the faster compile is the ratio of those."""
+    eager = dict(row.get("eager_by_part") or {k: row["eager_ms"] for k in row.get("parts", PARTS)
+                                              if f"{k}_ms" in row and "eager_ms" in row})
+    for k in part.get("parts", ()):
+        if f"{k}_ms" in part:
+            eager[k] = part["eager_ms"]
+    merged = {**row, **part, "parts": sorted(set(row.get("parts", PARTS)) | set(part.get("parts", ()))),
+              "eager_by_part": eager}
+    x = {k: eager[k] / merged[f"{k}_ms"] for k in PARTS if k in eager and f"{k}_ms" in merged}
+    if len(x) == len(PARTS):
+        merged["forge_x_compile"] = x["forge"] / max(x["compile"], x["compile_ro"])
+    return merged
 
 
 def collect(files: list[str], into: str) -> list[dict]:
@@ -109,7 +148,11 @@ def collect(files: list[str], into: str) -> list[dict]:
     rows = {(r["model"], r["dtype"]): r for r in (json.loads(path.read_text()) if path.is_file() else [])}
     for f in files:
         for r in json.loads(Path(f).read_text()):
-            rows[(r["model"], r["dtype"])] = {k: r[k] for k in (*ROW_KEYS, *EXTRA_KEYS) if k in r}
+            kept = {k: r[k] for k in (*ROW_KEYS, *EXTRA_KEYS) if k in r}
+            key = (r["model"], r["dtype"])
+            if set(r.get("parts", PARTS)) != set(PARTS):  # a part measured in its own call
+                kept = merge_part(rows.get(key, {"parts": []}), kept)
+            rows[key] = kept
     merged = list(rows.values())
     path.write_text(json.dumps(merged, indent=1) + "\n")
     return merged
@@ -152,6 +195,9 @@ def main() -> int:
                    "device time down by kernel (torch profiler; benchmarks/breakdown.py)")
     for name in ("layers", "batch", "seq", "resolution"):
         p.add_argument(f"--{name}", type=int)
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                   help="what is timed beside eager (default: all): a model whose compilations do not fit one "
+                   "device call is measured in several, each part's ratio to the eager timed with it")
     p.add_argument("--json")
     p.add_argument("--collect", nargs="+", metavar="JSON", help="only merge these runs' --json files into --into "
                    "and print the table")

@@ -3,6 +3,7 @@ against a local fake server, the response cache and key hygiene (CLI errors, a w
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,9 @@ def test_faults_are_retried_and_429_waits_retry_after(cls, provider, path):
     steps = [Step(fault="429", retry_after="1"), Step(fault="500"), Step(fault="timeout"), Step(fault="malformed"),
              Step("```cpp\nok\n```")]
     with FakeLLM(lambda p: steps) as server:
-        chat = cls(ProviderSpec(provider, "fake-coder", server.url + path), "k", FAST)
+        # each request's timeout under the fake's 2-s "timeout" step, but not so short that a request the loaded CI
+        # machine answers slowly (the SDK's first, building its client) times out too and the steps run out (flaky)
+        chat = cls(ProviderSpec(provider, "fake-coder", server.url + path), "k", replace(FAST, timeout_s=1.5))
         reply = chat.complete("system", [{"role": "user", "content": "write it"}], 100)
         seen = server.completions()
     assert reply.text == "```cpp\nok\n```" and reply.tokens_out == len(reply.text) // 4 and reply.tokens_in > 0

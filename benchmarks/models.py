@@ -121,20 +121,26 @@ ROW_KEYS = ("model", "dtype", "eager_ms", "compile_ms", "compile_ro_ms", "forge_
             "peak_mem_ratio", "optimize_s", "commit", "date")
 EXTRA_KEYS = ("forge_x_eager", "forge_x_compile", "spread", "max_rel_err", "compile_match", "compile_ro_match",
               "compile_s", "compile_ro_s", "device", "torch", "sizes", "error", "profile",
-              "profile_error", "parts", "eager_by_part", "compile_started", "compile_ro_started")
+              "profile_error", "parts", "by_part", "compile_started", "compile_ro_started")
 
 
 def merge_part(row: dict, part: dict) -> dict:
     """A row measured in parts (--parts, one device call each): each part's ms stays as timed with its own
-    eager; the speedups are ratios to that eager, and forge over the faster compile is the ratio of those."""
-    eager = dict(row.get("eager_by_part") or {k: row["eager_ms"] for k in row.get("parts", PARTS)
-                                              if f"{k}_ms" in row and "eager_ms" in row})
+    eager; the speedups are ratios to that eager, and forge over the faster compile is the ratio of those.
+    Each part's eager, spread and commit are kept by part; parts timed on different devices are refused."""
+    if row.get("device") and part.get("device") and row["device"] != part["device"]:
+        raise SystemExit(f"models.py: {part['model']} {part['dtype']}: a part timed on {part['device']} cannot join "
+                         f"one timed on {row['device']}")
+    by_part = dict(row.get("by_part") or {k: {"eager_ms": row["eager_ms"], "commit": row.get("commit")}
+                                          for k in row.get("parts", PARTS) if f"{k}_ms" in row and "eager_ms" in row})
     for k in part.get("parts", ()):
         if f"{k}_ms" in part:
-            eager[k] = part["eager_ms"]
-    merged = {**row, **part, "parts": sorted(set(row.get("parts", PARTS)) | set(part.get("parts", ()))),
-              "eager_by_part": eager}
-    x = {k: eager[k] / merged[f"{k}_ms"] for k in PARTS if k in eager and f"{k}_ms" in merged}
+            by_part[k] = {"eager_ms": part["eager_ms"], "commit": part.get("commit")}
+    stale = ("error", "profile", "profile_error", "forge_x_compile")  # of the row before: re-derived or the part's
+    merged = {**{k: v for k, v in row.items() if k not in stale}, **part,
+              "parts": sorted(set(row.get("parts", PARTS)) | set(part.get("parts", ()))), "by_part": by_part,
+              "spread": {**row.get("spread", {}), **part.get("spread", {})}}
+    x = {k: by_part[k]["eager_ms"] / merged[f"{k}_ms"] for k in PARTS if k in by_part and f"{k}_ms" in merged}
     if len(x) == len(PARTS):
         merged["forge_x_compile"] = x["forge"] / max(x["compile"], x["compile_ro"])
     return merged

@@ -49,9 +49,8 @@ def test_run_view_agrees_with_the_search(rs):
             assert root.baseline and root.cand.parent_id is None and root.visits == t.tried
             depth = {n.cand.id: n.depth for n in t.nodes}
             assert all(depth[n.cand.parent_id] + 1 == n.depth for n in t.nodes[1:])  # parents come first
-            # the hostile node hangs below a searched candidate (a grandchild of the root or deeper: how deep the
-            # search went before it depends on the timings, deeper on a loaded machine)
-            assert depth[rs.hostile_id] >= 2 if hostile else max(depth.values()) >= 1
+            if hostile:  # it hangs below a searched candidate: a grandchild of the root or deeper (how deep the
+                assert depth[rs.hostile_id] >= 2  # search went before it depends on the timings)
             assert sum(n.best for n in t.nodes) == (1 if t.best_us else 0)
     assert view.summary.speedup == pytest.approx(rs.report["speedup"])
     assert view.summary.cost.usd == pytest.approx(0.0125) and view.summary.cost.tokens_in == 120

@@ -97,15 +97,31 @@ def test_resume_refuses_an_unknown_run_and_another_model(tmp_path, capsys):
     assert f"run {run.id} optimized {MODEL}" in err and "relu_model.py" in err
 
 
+def as_a_shell_starts_it() -> None:
+    """A foreground job's SIGINT as a shell leaves it: default and unblocked. A child inherits an ignored or blocked
+    SIGINT across exec, and in the whole suite (not alone) forge optimize here ran to its end through Ctrl-C: some
+    earlier test leaves the pytest process so (not yet found: neither the LLM, lab, cluster nor API tests)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def sigint_held(pid: int) -> bool:
+    """SIGINT ignored or blocked in the process (its /proc status masks)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+    return any(int(fields[k], 16) & (1 << (signal.SIGINT - 1)) for k in ("SigIgn", "SigBlk"))
+
+
 @pytest.mark.slow
 def test_ctrl_c_says_the_exact_command_that_resumes_and_it_does(tmp_path, monkeypatch):
     db, out = tmp_path / "f.db", tmp_path / "o.json"
     proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "optimize", str(MODEL), "--budget", "8", "--seconds",
                              "30", "--no-inductor", "--db", str(db), "--json", str(out)], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=as_a_shell_starts_it)
     try:
         wait_for_evaluations(db, 2, proc)
+        assert not sigint_held(proc.pid), "forge optimize started with SIGINT ignored or blocked"
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group, worker included
         _, err = proc.communicate(timeout=120)
     finally:

@@ -24,6 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from provenance import stamp  # noqa: E402  (benchmarks/)
 
 
 def scan_spec(profile: Path):
@@ -85,7 +88,7 @@ def main() -> int:
         if not r["us"]:
             print(f"| {r['knobs']} | {r['status']}: {r['message'][:120]} | | | |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"task": spec.key, "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"task": spec.key, **stamp("cuda"), "rows": rows}, indent=1) + "\n")
     return 0 if ok else 1
 
 

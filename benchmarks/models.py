@@ -81,12 +81,9 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
     loaded = load_zoo(name, args.device, args.dtype, **sizes)
     model, inputs, device = loaded.model, loaded.inputs, loaded.device
     row["parts"] = list(args.parts)
-    fns: dict[str, Callable[[], Any]] = {"eager": lambda: model(*inputs)}
     rivals: dict[str, Callable[..., Any]] = {}
     if "forge" in args.parts:
-        ours = run_forge(name, args, loaded, store, tmp, row, save)
-        rivals["forge"] = ours
-        fns["forge"] = lambda: ours(*inputs)
+        rivals["forge"] = run_forge(name, args, loaded, store, tmp, row, save)
     for key in (k for k in MODES if k in args.parts):
         row[f"{key}_started"] = True
         save()
@@ -95,7 +92,7 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
         with torch.no_grad():
             rivals[key](*inputs)
         row[f"{key}_s"] = time.monotonic() - t0
-        fns[key] = lambda c=rivals[key]: c(*inputs)
+    fns = {"eager": lambda: model(*inputs), **{k: lambda f=f: f(*inputs) for k, f in rivals.items()}}
     times = round_robin(fns, device)
     fresh = fresh_inputs(inputs)
     matches = {k: outputs_match(model, f, fresh) for k, f in rivals.items()}
@@ -106,7 +103,7 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
     if "forge" in matches:
         row.update(outputs_match=matches["forge"][0], max_rel_err=matches["forge"][1],
                    forge_x_eager=row["eager_ms"] / row["forge_ms"])
-    if "forge" in matches and "compile" in matches and "compile_ro" in matches:
+    if set(PARTS) <= matches.keys():
         best = min(row["compile_ms"], row["compile_ro_ms"])
         row["forge_x_compile"] = best / row["forge_ms"]
         if args.profile and device.startswith("cuda"):  # what the gap is made of: device time by kernel family

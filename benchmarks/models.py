@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import statistics
 import sys
 import tempfile
@@ -51,6 +52,20 @@ def round_robin(fns: dict[str, Callable[[], Any]], device: str, runs: int = 25) 
         s = sorted(s)
         out[k] = {"median": statistics.median(s), "p10": s[int(0.1 * (len(s) - 1))], "p90": s[int(0.9 * (len(s) - 1))]}
     return out
+
+
+class TimeLimit(BaseException):
+    """--limit reached (a BaseException, so that no `except Exception` inside a compiler swallows it)."""
+
+
+def set_limit(seconds: float | None) -> None:
+    """From now on, raise TimeLimit in this process after `seconds` (none: no limit)."""
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeLimit
+
+    if seconds:
+        signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 PARTS = ("forge", "compile", "compile_ro")  # besides eager, always timed: what a row can hold
@@ -88,9 +103,13 @@ def run_model(name: str, args: argparse.Namespace, sizes: dict[str, int], store:
         row[f"{key}_started"] = True
         save()
         t0 = time.monotonic()
-        rivals[key] = torch.compile(model, mode=MODES[key])
-        with torch.no_grad():
-            rivals[key](*inputs)
+        try:
+            rivals[key] = torch.compile(model, mode=MODES[key])
+            with torch.no_grad():
+                rivals[key](*inputs)
+        except TimeLimit:
+            row[f"{key}_unfinished_s"] = time.monotonic() - t0  # compiling when the limit came
+            raise
         row[f"{key}_s"] = time.monotonic() - t0
     fns = {"eager": lambda: model(*inputs), **{k: lambda f=f: f(*inputs) for k, f in rivals.items()}}
     times = round_robin(fns, device)
@@ -118,7 +137,8 @@ ROW_KEYS = ("model", "dtype", "eager_ms", "compile_ms", "compile_ro_ms", "forge_
             "peak_mem_ratio", "optimize_s", "commit", "date")
 EXTRA_KEYS = ("forge_x_eager", "forge_x_compile", "spread", "max_rel_err", "compile_match", "compile_ro_match",
               "compile_s", "compile_ro_s", "device", "torch", "sizes", "error", "profile",
-              "profile_error", "parts", "by_part", "compile_started", "compile_ro_started")
+              "profile_error", "parts", "by_part", "compile_started", "compile_ro_started", "limit_s",
+              "compile_unfinished_s", "compile_ro_unfinished_s")
 
 
 def merge_part(row: dict, part: dict) -> dict:
@@ -168,6 +188,8 @@ def table(rows: list[dict]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         def f(k: str, r: dict = r) -> str:
+            if not isinstance(r.get(k), float) and isinstance(r.get(k.replace("_ms", "_unfinished_s")), float):
+                return f"did not finish compiling in {r[k.replace('_ms', '_unfinished_s')]:.0f} s"
             return f"{r[k]:.2f}" if isinstance(r.get(k), float) else "-"
         print(f"| {r['model']} | {r['dtype']} | {f('eager_ms')} | {f('compile_ms')} | {f('compile_ro_ms')} | "
               f"{f('forge_ms')} | {f('forge_x_eager')}x | {f('forge_x_compile')}x | {r.get('variant', '-')} | "
@@ -201,6 +223,8 @@ def main() -> int:
     p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                    help="what is timed beside eager (default: all): a model whose compilations do not fit one "
                    "device call is measured in several, each part's ratio to the eager timed with it")
+    p.add_argument("--limit", type=float, help="seconds this process may run: a compilation still running then "
+                   "is saved as unfinished (\"<mode>_unfinished_s\") and the row ends there")
     p.add_argument("--json")
     p.add_argument("--collect", nargs="+", metavar="JSON", help="only merge these runs' --json files into --into "
                    "and print the table")
@@ -216,6 +240,7 @@ def main() -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}
     rows: list[dict] = []
+    set_limit(args.limit)
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(f"sqlite:///{tmp}/models.db")
 
@@ -227,6 +252,10 @@ def main() -> int:
             rows.append({"model": name, "dtype": args.dtype, "sizes": sizes, **stamp(args.device)})
             try:
                 run_model(name, args, sizes, store, tmp, rows[-1], save)
+            except TimeLimit:
+                rows[-1].update(limit_s=args.limit, error=f"time limit of {args.limit:.0f} s reached")
+                save()
+                break
             except Exception as e:  # noqa: BLE001 - one model failing must not lose the others' rows
                 logging.exception("%s failed", name)
                 rows[-1]["error"] = f"{type(e).__name__}: {e}"[:300]

@@ -58,6 +58,19 @@ def tf32_convolutions(model: torch.nn.Module) -> bool:
                for m in model.modules())
 
 
+def rel_errors(outs: list[torch.Tensor], ref: torch.Tensor, mask: torch.Tensor) -> list[float]:
+    """`rel_error` of each of `outs` against one `ref` over `mask`: the denominator made once, one sync."""
+    n = int(mask.sum())
+    if n == 0:
+        return [0.0] * len(outs)
+    wide = torch.float64 if torch.float64 in (ref.dtype, *(o.dtype for o in outs)) else torch.float32
+    r = ref.to(wide)
+    ra = torch.where(mask, r.abs(), 0.0)
+    denom = ra + (ra.sum() / n).clamp_min(1e-30)
+    errs = [torch.where(mask, (o.to(wide) - r).abs() / denom, 0.0).max() for o in outs]
+    return torch.stack(errs).tolist()
+
+
 def rel_error(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """max |out - ref| / (|ref| + mean |ref|) over `mask` (every element without one); 0 when none."""
     n = out.numel() if mask is None else int(mask.sum())

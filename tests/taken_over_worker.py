@@ -38,7 +38,7 @@ elif mode == "slow-eager":
 elif mode == "verifier":
     forge.evaluate.verdicts.within_tolerance = lambda *a, **k: None
     forge.evaluate.verdicts.nonfinite = lambda *a, **k: None
-    forge.evaluate.verdicts.rel_error = lambda *a, **k: 0.0  # the name forge.evaluate.verdicts judges by
+    forge.evaluate.verdicts.rel_errors = lambda outs, *a, **k: [0.0] * len(outs)  # the name verdicts judges by
     forge.evaluate.verify.judge_output = lambda *a, **k: None
 elif mode == "forged-verdict":
     from forge.kernel import EvalResult, Status, Timing

@@ -14,7 +14,7 @@ import torch
 from forge.capture.export import TensorMeta
 from forge.evaluate.mismatch import Mismatch, mismatch
 from forge.kernel import Status
-from forge.tolerance import rel_error, tolerance
+from forge.tolerance import rel_errors, tolerance
 
 if TYPE_CHECKING:
     from forge.evaluate.verify import Guarded
@@ -122,8 +122,7 @@ def within_tolerance(name: str, out: torch.Tensor, eager: torch.Tensor, high: to
         if torch.equal(out, eager):
             return None
         return Verdict(Status.WRONG_RESULT, f"{name}: {int((out != eager).sum())} elements differ ({where})")
-    err = rel_error(out, high, finite)
-    eager_err = rel_error(eager, high, finite)
+    err, eager_err = rel_errors([out, eager], high, finite)
     tol = max(tolerance(dtype).kernel, 2 * eager_err)
     row.update({f"err{i}": err, f"eager_err{i}": eager_err, f"tol{i}": tol})
     if err <= tol:

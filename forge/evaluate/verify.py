@@ -15,7 +15,8 @@ Method (docs/verification.md):
 - NaN or Inf where the reference and eager are finite fails; the same output for different inputs (a cached
   result) fails; a constant output where the reference is not constant fails;
 - timed calls are judged at random (forge.evaluate.spotcheck); after timing, the judge verifies once more on the
-  SETS from a new secret seed, each output watched for a moment after the call returned.
+  SETS from a new secret seed, each set in its own place, every output watched from its call's return until a
+  moment after the last call returned.
 The candidate runs in a worker (a `Target`); inputs and outputs are shared with it (forge.evaluate.arena), while the
 inputs the reference reads, the copies they are compared with and every verdict stay in this process.
 """
@@ -241,57 +242,83 @@ def fill(view: torch.Tensor, flat: torch.Tensor) -> None:
         view.as_strided((flat.numel(),), (1,)).copy_(flat)
 
 
-def _still_writing(outs: list[Guarded], settle_s: float, sync: Callable[[], None]) -> bool:
-    """True if any output buffer changes within `settle_s` after the call was synchronised."""
-    before = [o.raw.clone() for o in outs]
-    time.sleep(settle_s)
+def _first_changed(watched: list[tuple[list[Guarded], list[torch.Tensor]]], settle_s: float, since: float,
+                   sync: Callable[[], None]) -> int | None:
+    """The first set whose output buffers changed from their snapshot (taken as its call returned) once
+    `settle_s` has passed since `since` (the last call's return); None if none did."""
+    time.sleep(max(0.0, settle_s - (time.perf_counter() - since)))
     sync()
-    return any(not torch.equal(o.raw, b) for o, b in zip(outs, before, strict=True))
+    for k, (outs, snaps) in enumerate(watched):
+        if any(not torch.equal(o.raw, b) for o, b in zip(outs, snaps, strict=True)):
+            return k
+    return None
+
+
+def _judge_set(k: int, inputs: list[torch.Tensor], mine: list[torch.Tensor], outs: list[Guarded],
+               eager: list[torch.Tensor], high: list[torch.Tensor], outputs_meta: tuple[TensorMeta, ...],
+               previous: tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]] | None,
+               detail: dict[str, Any]) -> tuple[Verdict | None, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Set k's inputs (unchanged?) and outputs judged; the failure, if any, and the set's eager outputs with
+    their judged masks (for the next set's same-output check)."""
+    row: dict[str, Any] = {"set": k}
+    detail["sets"].append(row)
+    for j, (x, s) in enumerate(zip(inputs, mine, strict=True)):
+        if not torch.equal(x, s):
+            return Verdict(Status.INPUT_MUTATED, f"input {j} changed during the call", detail), []
+    masks = [judged(e, h, o.tensor.dtype) for o, e, h in zip(outs, eager, high, strict=True)]
+    for i, (o, e, h, m, finite) in enumerate(zip(outs, eager, high, outputs_meta, masks, strict=True)):
+        prev = None if previous is None else (previous[0][i], *previous[1][i])
+        bad = judge_output(f"output {i} ({m.short()})", o, e, h, m, finite, prev, row, f"set {k}", i)
+        if bad is not None:
+            if bad.mismatch is not None:
+                detail["mismatch"] = {**bad.mismatch.as_dict(), "set": k}
+            return replace(bad, detail=detail), []
+    return None, list(zip(eager, masks, strict=True))
 
 
 def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
            outputs_meta: tuple[TensorMeta, ...], device: str, seed: int, settle_s: float = 0.0,
            finite_fill: bool = False) -> Verdict:
     """Run the candidate on the SETS fresh input sets and judge every output; see the module docstring.
-    `settle_s`: after each call, wait this long and fail an output that changed meanwhile (work left
-    running on a thread or stream after the call returned). `finite_fill`: outputs pre-filled with finite random
+    `settle_s`: every set placed at once, each output snapshot as its call returned, and once `settle_s` has
+    passed after the last call, an output that changed since fails (work left running on a thread or stream
+    after a call returned): one wait for all the sets. `finite_fill`: outputs pre-filled with finite random
     values instead of the poison (see Guarded)."""
     detail: dict[str, Any] = {"sets": []}
     # An index output (argmax, a sort) must equal eager's, and the hard values are full of ties (zeros; the
     # overflow edge in half precision) that a right kernel may break another way: such tasks skip that set.
     sets = len(SCALES) if any(not m.torch_dtype.is_floating_point and m.torch_dtype != torch.bool
                               for m in outputs_meta) else SETS
-    previous: list[torch.Tensor] | None = None
-    ref_prev: list[tuple[torch.Tensor, torch.Tensor]] = []  # the previous set's eager outputs, judged masks
+    sizes = [(Guarded.size(m), m.torch_dtype) for m in outputs_meta]
+    n_in, n_out = len(inputs_meta), len(outputs_meta)
+    every = target.place(list(inputs_meta) * sets, sizes * sets) if settle_s else None  # each set its own place
+    watched: list[tuple[list[Guarded], list[torch.Tensor]]] = []
+    previous = None
+    returned = time.perf_counter()
     for k in range(sets):
         gen = generator(device, seed * 1000 + k)
         flats = [make_flat(m, k, gen, device, j in ref.signed, ref.domains.get(j, ""))
                  for j, m in enumerate(inputs_meta)]
         mine = [f.as_strided(m.shape, m.stride) for f, m in zip(flats, inputs_meta, strict=True)]  # never shared
         eager, high = ref(mine)
-        inputs, bufs = target.place(inputs_meta, [(Guarded.size(m), m.torch_dtype) for m in outputs_meta])
+        inputs, bufs = target.place(inputs_meta, sizes) if every is None else \
+            (every[0][k * n_in:(k + 1) * n_in], every[1][k * n_out:(k + 1) * n_out])
         for view, flat in zip(inputs, flats, strict=True):
             fill(view, flat)
         outs = [Guarded(m, device, finite_fill, b) for m, b in zip(outputs_meta, bufs, strict=True)]
         target.call(inputs, [o.tensor for o in outs])
-        if settle_s and _still_writing(outs, settle_s, target.sync):
-            return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {k}: an output changed after the call returned "
-                           "(work left running on a thread or stream)", detail)
-        row: dict[str, Any] = {"set": k}
-        detail["sets"].append(row)
-        for j, (x, s) in enumerate(zip(inputs, mine, strict=True)):
-            if not torch.equal(x, s):
-                return Verdict(Status.INPUT_MUTATED, f"input {j} changed during the call", detail)
-        masks = [judged(e, h, o.tensor.dtype) for o, e, h in zip(outs, eager, high, strict=True)]
-        for i, (o, e, h, m, finite) in enumerate(zip(outs, eager, high, outputs_meta, masks, strict=True)):
-            prev = None if previous is None else (previous[i], *ref_prev[i])
-            bad = judge_output(f"output {i} ({m.short()})", o, e, h, m, finite, prev, row, f"set {k}", i)
+        returned = time.perf_counter()
+        if settle_s:
+            watched.append((outs, [o.raw.clone() for o in outs]))
+        bad, ref_now = _judge_set(k, inputs, mine, outs, eager, high, outputs_meta, previous, detail)
+        if bad is not None or k == sets - 1:
+            changed = _first_changed(watched, settle_s, returned, target.sync) if settle_s else None
+            if changed is not None:
+                return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {changed}: an output changed after the call "
+                               "returned (work left running on a thread or stream)", detail)
             if bad is not None:
-                if bad.mismatch is not None:
-                    detail["mismatch"] = {**bad.mismatch.as_dict(), "set": k}
-                return replace(bad, detail=detail)
-        previous = [o.tensor.clone() for o in outs]
-        ref_prev = list(zip(eager, masks, strict=True))
+                return bad
+        previous = ([o.tensor.clone() for o in outs], ref_now)
     detail["max_err"] = max((v for r in detail["sets"] for kk, v in r.items() if kk.startswith("err")),
                             default=0.0)
     return Verdict(Status.OK, "", detail)

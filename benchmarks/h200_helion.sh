@@ -22,7 +22,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export FORGE_CACHE=${FORGE_CACHE:-$(mktemp -d)}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c \
-  'import torch, triton, helion, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, helion.__version__)'; } \
+  'import importlib.metadata as m, torch, triton, helion, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, m.version("helion"))'; } \
   2>&1 | tee "$OUT/env.txt"
 python3 -c 'import helion' || exit 1
 if [ -z "${SKIP_TESTS:-}" ]; then

@@ -138,13 +138,15 @@ ROW_KEYS = ("model", "dtype", "eager_ms", "compile_ms", "compile_ro_ms", "forge_
 EXTRA_KEYS = ("forge_x_eager", "forge_x_compile", "spread", "max_rel_err", "compile_match", "compile_ro_match",
               "compile_s", "compile_ro_s", "device", "torch", "sizes", "error", "profile",
               "profile_error", "parts", "by_part", "compile_started", "compile_ro_started", "limit_s",
-              "compile_unfinished_s", "compile_ro_unfinished_s")
+              "compile_unfinished_s", "compile_ro_unfinished_s",
+              "forge_x_compile_by_eager", "forge_x_compile_by_ms")
 
 
 def merge_part(row: dict, part: dict) -> dict:
     """A row measured in parts (--parts, one device call each): each part's ms stays as timed with its own
     eager; the speedups are ratios to that eager, and forge over the faster compile is the ratio of those.
-    Each part's eager, spread and commit are kept by part; parts timed on different devices are refused."""
+    Each part's eager, its spread and commit are kept by part (the row's eager is forge's part's); parts timed on
+    different devices are refused."""
     if row.get("device") and part.get("device") and row["device"] != part["device"]:
         raise SystemExit(f"models.py: {part['model']} {part['dtype']}: a part timed on {part['device']} cannot join "
                          f"one timed on {row['device']}")
@@ -152,14 +154,26 @@ def merge_part(row: dict, part: dict) -> dict:
                                           for k in row.get("parts", PARTS) if f"{k}_ms" in row and "eager_ms" in row})
     for k in part.get("parts", ()):
         if f"{k}_ms" in part:
-            by_part[k] = {"eager_ms": part["eager_ms"], "commit": part.get("commit")}
-    stale = ("error", "profile", "profile_error", "forge_x_compile")  # of the row before: re-derived or the part's
+            by_part[k] = {"eager_ms": part["eager_ms"], "eager_spread": part.get("spread", {}).get("eager"),
+                          "commit": part.get("commit")}
+    stale = ("error", "profile", "profile_error", "forge_x_compile", "forge_x_compile_by_eager",
+             "forge_x_compile_by_ms")  # of the row before: re-derived, or the part's
     merged = {**{k: v for k, v in row.items() if k not in stale}, **part,
               "parts": sorted(set(row.get("parts", PARTS)) | set(part.get("parts", ()))), "by_part": by_part,
               "spread": {**row.get("spread", {}), **part.get("spread", {})}}
+    if "forge" in by_part:  # the row's eager is the one forge was timed with (its forge / eager)
+        merged["eager_ms"] = by_part["forge"]["eager_ms"]
+        merged["spread"]["eager"] = by_part["forge"].get("eager_spread") or merged["spread"].get("eager")
     x = {k: by_part[k]["eager_ms"] / merged[f"{k}_ms"] for k in PARTS if k in by_part and f"{k}_ms" in merged}
-    if len(x) == len(PARTS):
-        merged["forge_x_compile"] = x["forge"] / max(x["compile"], x["compile_ro"])
+    # A mode that did not finish compiling in its call's time limit is no rival to beat: forge is compared with
+    # the faster of those that finished, once every mode either finished or is known not to have.
+    done = [k for k in MODES if k in x]
+    # Each part's ratio to its own eager cancels a machine that changed between calls but carries eager's noise
+    # twice; the ms side by side do not: the row keeps both and counts the smaller.
+    if "forge" in x and done and all(k in x or f"{k}_unfinished_s" in merged for k in MODES):
+        merged["forge_x_compile_by_eager"] = x["forge"] / max(x[k] for k in done)
+        merged["forge_x_compile_by_ms"] = min(merged[f"{k}_ms"] for k in done) / merged["forge_ms"]
+        merged["forge_x_compile"] = min(merged["forge_x_compile_by_eager"], merged["forge_x_compile_by_ms"])
     return merged
 
 

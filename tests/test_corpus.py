@@ -181,6 +181,15 @@ def test_cpu_corpus(path: Path, spec: TaskSpec, cpu_evaluator: Evaluator) -> Non
         assert_good_timing(r)
 
 
+def test_the_same_binary_loaded_again_starts_fresh(spec: TaskSpec, cpu_evaluator: Evaluator) -> None:
+    """Two candidates that differ in a comment build to one binary: each is loaded as a fresh instance, so the
+    second does not find the first one's statics (cached_result would then fail on set 0 as wrong_result)."""
+    source = (CORPUS / "cpu" / "cached_result.cpp").read_text()
+    for i in range(2):
+        r = cpu_evaluator.evaluate(spec, Candidate("cpu", source + f"\n// copy {i}\n"))
+        assert r.status is Status.STALE_RESULT, f"copy {i}: {r.status.value}: {r.message}"
+
+
 @pytest.fixture(scope="module")
 def int_spec() -> TaskSpec:
     """y = abs(x) * 2 - 1 over an int32 [257, 1000] tensor, as forge captures it."""

@@ -114,6 +114,7 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.preload: tuple[str, ...] = ()  # libraries the worker imports before it confines itself
         self.restarts = 0
+        self._staged = 0  # libraries staged for a Load so far
         self.last_exit: int | None = None  # the exit code (-signal) of the last worker that died in a step
         self._dir = tempfile.TemporaryDirectory(prefix="forge-worker-")
         self.arena = Arena(device)
@@ -225,7 +226,10 @@ class Worker:
             data = Path(path).read_bytes()
         except OSError:
             return path
-        staged = self.lib / (hashlib.sha256(data).hexdigest()[:32] + Path(path).suffix)
+        # Named by its hash and the load's number: the same binary loaded again (two candidates that differ in a
+        # comment) is a fresh instance, statics and all, not the handle glibc keeps for a name already loaded.
+        self._staged += 1
+        staged = self.lib / f"{hashlib.sha256(data).hexdigest()[:32]}-{self._staged}{Path(path).suffix}"
         if not staged.exists():
             tmp = staged.with_name(f".{staged.name}.tmp")
             tmp.write_bytes(data)

@@ -4,23 +4,47 @@
 # recipes+helion run of the RMSNorm + SwiGLU example exported and its Helion forms called in a fresh process: Helion's
 # autotuner is a tripwire there (an exported kernel runs its shipped config), and the first call (compile) and the
 # steady state are timed. Writes $OUT/{env,pytest_helion,helion_recipes,optimize,export,first_call}.txt and
-# $OUT/helion_recipes.json. Not run yet.
+# $OUT/helion_recipes.json. Carry the helion wheels to try (below: the newest that works here is used).
 # The image lacks helion and what it imports, and sqlalchemy and pyseccomp (the evaluator); fetch the wheels here
 # into .whl/ (ignored by git; about 12 MB) and carry .whl:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     helion==1.5.1 rich markdown-it-py mdurl pygments psutil filecheck sqlalchemy==2.1.9 greenlet pyseccomp==0.1.2
+#   and the older releases to try: for v in 1.5.0 1.4.0 1.2.0; do python3 -m pip download --no-deps -d .whl helion==$v; done
 # (numpy and typing-extensions come with the image's torch; helion's scikit-learn and SciPy, 45 MB, only feed its
 # autotuner's surrogate models, imported if present, and forge never runs the autotuner.)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    $(ls .whl/*.whl | grep -v '/helion-') && export PYTHONPATH=/tmp/site || exit 1
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export FORGE_CACHE=${FORGE_CACHE:-$(mktemp -d)}
+# Which Helion works with this machine's torch and Triton: each carried helion wheel, newest first, in its own
+# folder, until one imports and runs a kernel (1.5.1 imports a name torch 2.11's Inductor lacks: IntelGPUError).
+for whl in $(ls .whl/helion-*.whl 2>/dev/null | sort -t- -k2 -V -r); do
+  dir=/tmp/helion-$(basename "$whl" .whl)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$dir" "$whl" || continue
+  if PYTHONPATH=$dir:$PYTHONPATH timeout 120 python3 - <<'PY' >>"$OUT/helion_versions.txt" 2>&1; then
+import importlib.metadata as m
+import torch, helion, helion.language as hl
+@helion.kernel(config=helion.Config(block_sizes=[128]))
+def add1(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    for tile in hl.tile(x.size(0)):
+        out[tile] = x[tile] + 1
+    return out
+x = torch.randn(1000, device="cuda")
+assert torch.equal(add1(x), x + 1)
+print("helion", m.version("helion"), "works with torch", torch.__version__)
+PY
+    export PYTHONPATH=$dir:$PYTHONPATH; break
+  fi
+  echo "$(basename "$whl"): does not work here" >>"$OUT/helion_versions.txt"
+done
+cat "$OUT/helion_versions.txt" 2>/dev/null | grep -E "works|does not|Error" | tail -8
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c \
   'import importlib.metadata as m, torch, triton, helion, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, m.version("helion"))'; } \
   2>&1 | tee "$OUT/env.txt"

@@ -10,21 +10,23 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
 #     helion==1.5.1 rich markdown-it-py mdurl pygments psutil filecheck sqlalchemy==2.1.9 greenlet pyseccomp==0.1.2
-#   and the older releases to try: for v in 1.5.0 1.4.0 1.2.0; do python3 -m pip download --no-deps -d .whl helion==$v; done
+#   and older releases to try in .whl/helion-try/ (out of the other scripts' .whl/*.whl):
+#   for v in 1.5.0 1.4.0 1.2.0; do python3 -m pip download --no-deps -d .whl/helion-try helion==$v; done
 # (numpy and typing-extensions come with the image's torch; helion's scikit-learn and SciPy, 45 MB, only feed its
 # autotuner's surrogate models, imported if present, and forge never runs the autotuner.)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $(ls .whl/*.whl | grep -v '/helion-') && export PYTHONPATH=/tmp/site || exit 1
+    $(ls .whl/*.whl | grep -v '/helion-') && export PYTHONPATH=/tmp/site || exit 1  # helion: picked below
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export FORGE_CACHE=${FORGE_CACHE:-$(mktemp -d)}
 # Which Helion works with this machine's torch and Triton: each carried helion wheel, newest first, in its own
 # folder, until one imports and runs a kernel (1.5.1 imports a name torch 2.11's Inductor lacks: IntelGPUError).
-for whl in $(ls .whl/helion-*.whl 2>/dev/null | sort -t- -k2 -V -r); do
+for whl in $(ls .whl/helion-*.whl .whl/helion-try/helion-*.whl 2>/dev/null | sed 's/.*helion-\([0-9.]*\)-.*/\1 &/' \
+             | sort -V -r | cut -d' ' -f2); do
   dir=/tmp/helion-$(basename "$whl" .whl)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$dir" "$whl" || continue
   if PYTHONPATH=$dir:$PYTHONPATH timeout 120 python3 - <<'PY' >>"$OUT/helion_versions.txt" 2>&1; then

@@ -150,6 +150,11 @@ def main() -> int:
     print("statuses:", statuses)
     if best and best.floor_us:
         print(f"floor {best.floor_us:.1f} us; eager {best.baseline.median_us:.1f} us")
+    timed = [r for r in passed if r.timing is not None]
+    if timed:  # rounds the timing made (its BenchConfig's budget or max_runs ends them) and judge seconds
+        print(f"timed rounds a candidate: median {statistics.median(r.timing.n for r in timed):.0f} "
+              f"(min {min(r.timing.n for r in timed)}, max {max(r.timing.n for r in timed)}); judged in "
+              f"{statistics.median(r.device_s for r in timed):.3f} s a candidate (median)")
     bad = [r for r in results if not r.status.passed]
     for r in bad[:3]:
         print("rejected:", r.status.value, r.message[:200])

@@ -98,8 +98,11 @@ def test_a_ray_cluster_stores_what_one_worker_does(ray_cluster, tasks, single, t
     store = Store(tmp_path / "f.db")
     with RayEvaluator(None, "cpu", workers=2, bench=None, seed=0, cache_dir=tmp_path / "cache") as ev:
         assert ev.parallel == 2 and len(set(ev.pids())) == 2 and os.getpid() not in ev.pids()
+        folders = [f for a in ev.actors for f in ray_cluster.get(a.folders.remote())]
+        assert len(folders) == 4 and all(os.path.isdir(f) for f in folders)
         rid = run(tasks, ev, store)
     assert stored(store, rid) == single
+    assert not [f for f in folders if os.path.exists(f)]  # each actor cleaned up before it was killed
     devices = {e.device for t in store.get_tasks(rid) for c in store.candidates(t.id) for e in store.evaluations(c.id)}
     assert devices and all(d.startswith("cpu@") for d in devices)  # judged on the actors, named by node
 

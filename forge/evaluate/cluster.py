@@ -22,6 +22,7 @@ import hashlib
 import itertools
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -40,6 +41,7 @@ from forge.kernel import Candidate, EvalResult, Status, TaskSpec
 
 log = logging.getLogger(__name__)
 START_S = 300.0  # for the actors to start (a cluster that has not the resources never does)
+CLOSE_S = 10.0  # for the actors to stop their workers and remove their folders before they are killed
 
 
 def evaluator_for(device: str, scale: Scale, **kw: Any) -> BaseEvaluator:
@@ -92,6 +94,16 @@ class JudgeActor:
         self.node = ray.util.get_node_ip_address()
         self.worker = Worker(device, default_memory(device))
         self.dir = Path(tempfile.mkdtemp(prefix="forge-ray-judge-"))
+
+    def close(self) -> None:
+        """Its worker stopped and the builds unpacked for it removed (before the actor is killed: a killed
+        process cleans nothing)."""
+        self.worker.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def folders(self) -> tuple[str, str]:
+        """Its folders on its node: the unpacked builds' and its worker's."""
+        return str(self.dir), str(self.worker.lib.parent)
 
     def info(self) -> tuple[str, str, str, int]:
         """(device model, node id, node address, process id)."""
@@ -250,6 +262,10 @@ class RayEvaluator(BaseEvaluator):
             if getattr(self, "slots", None) is not None:  # None: closed before the actors started
                 self.slots.close()
         finally:
+            try:  # each actor cleans its folders, then goes; one that does not answer in time goes as it is
+                ray.get([a.close.remote() for a in self.actors], timeout=CLOSE_S)
+            except Exception as e:  # noqa: BLE001 - a hung or lost actor: killed below all the same
+                log.warning("the Ray actors did not all close (%s): their folders may stay", type(e).__name__)
             for a in self.actors:
                 _kill(a)
             self.actors = []

@@ -15,8 +15,8 @@ floor's bandwidth, and a clock the candidate cannot reach. One evaluation:
    SLACK_US); on a disagreement the candidate is timed and checked again, a second is `forbidden_timer`.
    A claimed eager time over EAGER_RATIO times eager's as timed here (plus
    SLACK_US) is replaced by this process's measurement;
-5. verification again on the SETS from a secret seed, outputs pre-filled with finite values and watched
-   for a moment after each call; then the roofline floor.
+5. verification again on the SETS from a secret seed, outputs pre-filled with finite values, each watched
+   from its call's return until a moment after the last call returned; then the roofline floor.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ def _signal_name(code: int | None) -> str:
     return f"exit code {code}"
 
 
+LOADS_PER_WORKER = 256  # loads stay in a worker (a dlopen'ed copy, a CUDA module): a fresh one after so many
 MAX_REPLY = 16 << 20  # bytes: replies are small (tensors travel through the arena); a larger one is a broken protocol
 
 
@@ -115,6 +116,7 @@ class Worker:
         self.preload: tuple[str, ...] = ()  # libraries the worker imports before it confines itself
         self.restarts = 0
         self._staged = 0  # libraries staged for a Load so far
+        self._first_load = 0  # the staged count when the running worker started
         self.last_exit: int | None = None  # the exit code (-signal) of the last worker that died in a step
         self._dir = tempfile.TemporaryDirectory(prefix="forge-worker-")
         self.arena = Arena(device)
@@ -156,6 +158,7 @@ class Worker:
             self._start()
 
     def _start(self) -> None:
+        self._first_load = self._staged
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         # HOME is the worker's own folder: credentials kept in files under the user's home (~/.aws, ~/.netrc,
@@ -267,6 +270,8 @@ class Worker:
             self._stop()
         if isinstance(msg, Load):
             self._needs(libraries(msg.task.source))
+            if self.proc is not None and self._staged - self._first_load >= LOADS_PER_WORKER:
+                self._stop()  # its loaded libraries are never unloaded
         if self.proc is None or self.proc.poll() is not None:
             self._stop()
             try:

@@ -242,13 +242,16 @@ def fill(view: torch.Tensor, flat: torch.Tensor) -> None:
         view.as_strided((flat.numel(),), (1,)).copy_(flat)
 
 
-def _first_changed(watched: list[tuple[list[Guarded], list[torch.Tensor]]], settle_s: float, since: float,
+TOGETHER_BYTES = 1 << 30  # a verification whose sets take more than this in all places (and settles) one at a time
+
+
+def _first_changed(watched: list[tuple[int, list[Guarded], list[torch.Tensor]]], settle_s: float, since: float,
                    sync: Callable[[], None]) -> int | None:
     """The first set whose output buffers changed from their snapshot (taken as its call returned) once
     `settle_s` has passed since `since` (the last call's return); None if none did."""
     time.sleep(max(0.0, settle_s - (time.perf_counter() - since)))
     sync()
-    for k, (outs, snaps) in enumerate(watched):
+    for k, outs, snaps in watched:
         if any(not torch.equal(o.raw, b) for o, b in zip(outs, snaps, strict=True)):
             return k
     return None
@@ -282,8 +285,9 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
     """Run the candidate on the SETS fresh input sets and judge every output; see the module docstring.
     `settle_s`: every set placed at once, each output snapshot as its call returned, and once `settle_s` has
     passed after the last call, an output that changed since fails (work left running on a thread or stream
-    after a call returned): one wait for all the sets. `finite_fill`: outputs pre-filled with finite random
-    values instead of the poison (see Guarded)."""
+    after a call returned): one wait for all the sets (one a set, each placed alone, where all of them would
+    take more than TOGETHER_BYTES). `finite_fill`: outputs pre-filled with finite random values instead of the
+    poison (see Guarded)."""
     detail: dict[str, Any] = {"sets": []}
     # An index output (argmax, a sort) must equal eager's, and the hard values are full of ties (zeros; the
     # overflow edge in half precision) that a right kernel may break another way: such tasks skip that set.
@@ -291,8 +295,10 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
                               for m in outputs_meta) else SETS
     sizes = [(Guarded.size(m), m.torch_dtype) for m in outputs_meta]
     n_in, n_out = len(inputs_meta), len(outputs_meta)
-    every = target.place(list(inputs_meta) * sets, sizes * sets) if settle_s else None  # each set its own place
-    watched: list[tuple[list[Guarded], list[torch.Tensor]]] = []
+    call_bytes = sum(m.nbytes for m in inputs_meta) + sum(n * d.itemsize for n, d in sizes)
+    together = bool(settle_s) and sets * call_bytes <= TOGETHER_BYTES
+    every = target.place(list(inputs_meta) * sets, sizes * sets) if together else None  # each set its own place
+    watched: list[tuple[int, list[Guarded], list[torch.Tensor]]] = []
     previous = None
     returned = time.perf_counter()
     for k in range(sets):
@@ -309,9 +315,10 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
         target.call(inputs, [o.tensor for o in outs])
         returned = time.perf_counter()
         if settle_s:
-            watched.append((outs, [o.raw.clone() for o in outs]))
+            watched = [*watched, (k, outs, [o.raw.clone() for o in outs])] if together else \
+                [(k, outs, [o.raw.clone() for o in outs])]  # placed alone: the next set reuses its place
         bad, ref_now = _judge_set(k, inputs, mine, outs, eager, high, outputs_meta, previous, detail)
-        if bad is not None or k == sets - 1:
+        if bad is not None or k == sets - 1 or (settle_s and not together):
             changed = _first_changed(watched, settle_s, returned, target.sync) if settle_s else None
             if changed is not None:
                 return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {changed}: an output changed after the call "

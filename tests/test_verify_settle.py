@@ -1,0 +1,76 @@
+"""The late verification's settle: an output written after the call returned (work left on a thread) fails
+as forbidden_concurrency whichever set it is, with the sets placed together or one at a time; a kernel that is
+done when it returns passes. The target is this process (forge.evaluate.verify's Target interface): the corpus's
+thread kernels never get this far, the static and library checks stop them first."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+import forge.evaluate.verify as verify_module
+from forge.capture.export import TensorMeta, capture
+from forge.evaluate.verify import SETS, Reference, Target, verify
+from forge.kernel import Status, TaskSpec
+from forge.tasks.cut import build_tasks
+
+
+class LateWriter(Target):
+    """SiLU computed in the call; on call number `late` a thread changes the output 5 ms after it returned."""
+
+    def __init__(self, late: int | None) -> None:
+        self.late, self.calls, self.threads = late, 0, []
+
+    def place(self, inputs: Sequence[TensorMeta], buffers: Sequence[tuple[int, torch.dtype]]
+              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        ins = [torch.empty(m.numel, dtype=m.torch_dtype).as_strided(m.shape, m.stride) for m in inputs]
+        return ins, [torch.empty(n, dtype=d) for n, d in buffers]
+
+    def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        outputs[0].copy_(torch.nn.functional.silu(inputs[0]))
+        if self.calls == self.late:
+            out = outputs[0]
+            t = threading.Timer(0.005, lambda: out.add_(1.0))
+            t.start()
+            self.threads.append(t)
+        self.calls += 1
+
+    def sync(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def spec() -> TaskSpec:
+    (task,) = build_tasks(capture(torch.nn.SiLU(), [torch.randn(64, 100)]).graph_module.graph)
+    return TaskSpec.of(task)
+
+
+def _late(spec: TaskSpec, target: LateWriter):
+    v = verify(target, Reference(spec.source), spec.inputs, spec.outputs, "cpu", 7, settle_s=0.02, finite_fill=True)
+    for t in target.threads:
+        t.join()
+    return v
+
+
+@pytest.mark.parametrize("together", [True, False])
+@pytest.mark.parametrize("late", [0, SETS - 1])
+def test_an_output_written_after_the_call_returned_fails(spec: TaskSpec, late: int, together: bool,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    if not together:
+        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    v = _late(spec, LateWriter(late))
+    assert v.status is Status.FORBIDDEN_CONCURRENCY, v.message
+    assert v.message.startswith(f"set {late}:")
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_a_kernel_done_when_it_returns_passes(spec: TaskSpec, together: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not together:
+        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    target = LateWriter(None)
+    v = _late(spec, target)
+    assert v.status is Status.OK, v.message
+    assert target.calls == SETS

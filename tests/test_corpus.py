@@ -190,6 +190,21 @@ def test_the_same_binary_loaded_again_starts_fresh(spec: TaskSpec, cpu_evaluator
         assert r.status is Status.STALE_RESULT, f"copy {i}: {r.status.value}: {r.message}"
 
 
+def test_a_worker_is_replaced_after_its_loads(spec: TaskSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaded libraries stay in a worker: after LOADS_PER_WORKER loads the next candidate gets a fresh one."""
+    import forge.evaluate.parent
+
+    monkeypatch.setattr(forge.evaluate.parent, "LOADS_PER_WORKER", 2)
+    good = (CORPUS / "cpu" / "good.cpp").read_text()
+    with Evaluator("cpu", timeout_s=15, bench=None, cache_dir=tmp_path) as ev:
+        pids = []
+        for i in range(3):
+            assert ev.evaluate(spec, Candidate("cpu", good + f"\n// copy {i}\n")).status is Status.OK
+            assert ev.worker.proc is not None
+            pids.append(ev.worker.proc.pid)
+    assert pids[0] == pids[1] != pids[2]
+
+
 @pytest.fixture(scope="module")
 def int_spec() -> TaskSpec:
     """y = abs(x) * 2 - 1 over an int32 [257, 1000] tensor, as forge captures it."""

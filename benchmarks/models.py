@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import statistics
 import sys
@@ -59,13 +60,16 @@ class TimeLimit(BaseException):
 
 
 def set_limit(seconds: float | None) -> None:
-    """From now on, raise TimeLimit in this process after `seconds` (none: no limit)."""
+    """From now on, raise TimeLimit in this process after `seconds` (none, or not positive: no limit, and a
+    limit set before is cancelled)."""
     def expire(signum: int, frame: Any) -> None:
         raise TimeLimit
 
-    if seconds:
+    if seconds and seconds > 0:
         signal.signal(signal.SIGALRM, expire)
         signal.setitimer(signal.ITIMER_REAL, seconds)
+    else:
+        signal.setitimer(signal.ITIMER_REAL, 0)  # off
 
 
 PARTS = ("forge", "compile", "compile_ro")  # besides eager, always timed: what a row can hold
@@ -258,15 +262,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(f"sqlite:///{tmp}/models.db")
 
-        def save() -> None:
+        def save() -> None:  # whole or not at all: the limit may come in the middle of a write
             if args.json:
-                Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+                tmp_json = Path(f"{args.json}.tmp")
+                tmp_json.write_text(json.dumps(rows, indent=1) + "\n")
+                os.replace(tmp_json, args.json)
 
         for name in args.models:
             rows.append({"model": name, "dtype": args.dtype, "sizes": sizes, **stamp(args.device)})
             try:
                 run_model(name, args, sizes, store, tmp, rows[-1], save)
             except TimeLimit:
+                set_limit(None)
                 rows[-1].update(limit_s=args.limit, error=f"time limit of {args.limit:.0f} s reached")
                 save()
                 break
@@ -274,6 +281,7 @@ def main() -> int:
                 logging.exception("%s failed", name)
                 rows[-1]["error"] = f"{type(e).__name__}: {e}"[:300]
             save()
+        set_limit(None)  # what is left (the table, the folder's removal) is not cut
     table(rows)
     profiles(rows)
     return 0

@@ -98,8 +98,10 @@ class JudgeActor:
     def close(self) -> None:
         """Its worker stopped and the builds unpacked for it removed (before the actor is killed: a killed
         process cleans nothing)."""
-        self.worker.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            self.worker.close()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def folders(self) -> tuple[str, str]:
         """Its folders on its node: the unpacked builds' and its worker's."""
@@ -263,8 +265,11 @@ class RayEvaluator(BaseEvaluator):
                 self.slots.close()
         finally:
             try:  # each actor cleans its folders, then goes; one that does not answer in time goes as it is
-                ray.get([a.close.remote() for a in self.actors], timeout=CLOSE_S)
-            except Exception as e:  # noqa: BLE001 - a hung or lost actor: killed below all the same
+                closing = [a.close.remote() for a in self.actors]
+                done, late = ray.wait(closing, num_returns=len(closing), timeout=CLOSE_S)
+                if late:
+                    log.warning("%d Ray actors did not close in %.0f s: their folders may stay", len(late), CLOSE_S)
+            except Exception as e:  # noqa: BLE001 - a lost actor or cluster: killed below all the same
                 log.warning("the Ray actors did not all close (%s): their folders may stay", type(e).__name__)
             for a in self.actors:
                 _kill(a)

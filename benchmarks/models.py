@@ -268,18 +268,19 @@ def main() -> int:
                 tmp_json.write_text(json.dumps(rows, indent=1) + "\n")
                 os.replace(tmp_json, args.json)
 
-        for name in args.models:
-            rows.append({"model": name, "dtype": args.dtype, "sizes": sizes, **stamp(args.device)})
-            try:
-                run_model(name, args, sizes, store, tmp, rows[-1], save)
-            except TimeLimit:
-                set_limit(None)
-                rows[-1].update(limit_s=args.limit, error=f"time limit of {args.limit:.0f} s reached")
+        try:
+            for name in args.models:
+                rows.append({"model": name, "dtype": args.dtype, "sizes": sizes, **stamp(args.device)})
+                try:
+                    run_model(name, args, sizes, store, tmp, rows[-1], save)
+                except Exception as e:  # noqa: BLE001 - one model failing must not lose the others' rows
+                    logging.exception("%s failed", name)
+                    rows[-1]["error"] = f"{type(e).__name__}: {e}"[:300]
                 save()
-                break
-            except Exception as e:  # noqa: BLE001 - one model failing must not lose the others' rows
-                logging.exception("%s failed", name)
-                rows[-1]["error"] = f"{type(e).__name__}: {e}"[:300]
+        except TimeLimit:
+            set_limit(None)
+            if rows:
+                rows[-1].update(limit_s=args.limit, error=f"time limit of {args.limit:.0f} s reached")
             save()
         set_limit(None)  # what is left (the table, the folder's removal) is not cut
     table(rows)

@@ -19,13 +19,14 @@ from forge.tasks.cut import build_tasks
 
 
 class LateWriter(Target):
-    """SiLU computed in the call; on call number `late` a thread changes the output 5 ms after it returned."""
+    """SiLU computed in the call; on call number `late` a thread changes the output 20 ms after it returned."""
 
     def __init__(self, late: int | None) -> None:
-        self.late, self.calls, self.threads = late, 0, []
+        self.late, self.calls, self.places, self.threads = late, 0, 0, []
 
     def place(self, inputs: Sequence[TensorMeta], buffers: Sequence[tuple[int, torch.dtype]]
               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        self.places += 1
         ins = [torch.empty(m.numel, dtype=m.torch_dtype).as_strided(m.shape, m.stride) for m in inputs]
         return ins, [torch.empty(n, dtype=d) for n, d in buffers]
 
@@ -33,7 +34,7 @@ class LateWriter(Target):
         outputs[0].copy_(torch.nn.functional.silu(inputs[0]))
         if self.calls == self.late:
             out = outputs[0]
-            t = threading.Timer(0.005, lambda: out.add_(1.0))
+            t = threading.Timer(0.02, lambda: out.add_(1.0))
             t.start()
             self.threads.append(t)
         self.calls += 1
@@ -49,7 +50,7 @@ def spec() -> TaskSpec:
 
 
 def _late(spec: TaskSpec, target: LateWriter):
-    v = verify(target, Reference(spec.source), spec.inputs, spec.outputs, "cpu", 7, settle_s=0.02, finite_fill=True)
+    v = verify(target, Reference(spec.source), spec.inputs, spec.outputs, "cpu", 7, settle_s=0.2, finite_fill=True)
     for t in target.threads:
         t.join()
     return v
@@ -61,9 +62,13 @@ def test_an_output_written_after_the_call_returned_fails(spec: TaskSpec, late: i
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     if not together:
         monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
-    v = _late(spec, LateWriter(late))
+    target = LateWriter(late)
+    v = _late(spec, target)
     assert v.status is Status.FORBIDDEN_CONCURRENCY, v.message
     assert v.message.startswith(f"set {late}:")
+    # together: one place for all the sets, the write found after the last call; alone: a place a set, found
+    # before the next set is called
+    assert (target.places, target.calls) == ((1, SETS) if together else (late + 1, late + 1))
 
 
 @pytest.mark.parametrize("together", [True, False])
@@ -73,4 +78,4 @@ def test_a_kernel_done_when_it_returns_passes(spec: TaskSpec, together: bool, mo
     target = LateWriter(None)
     v = _late(spec, target)
     assert v.status is Status.OK, v.message
-    assert target.calls == SETS
+    assert (target.places, target.calls) == ((1 if together else SETS), SETS)

@@ -266,6 +266,7 @@ class Worker:
         """Send one step and wait for its Reply; a TIMEOUT or CRASH result when the worker hangs or dies (it
         is restarted for the next step)."""
         start = time.perf_counter()
+        self.last_exit = None  # of this step's worker only (a crash-retry must not read an earlier death)
         if self.proc is not None and self._memfd != self.arena.memfds:  # the arena got a new memfd (shrunk)
             self._stop()
         if isinstance(msg, Load):

@@ -72,8 +72,13 @@ def test_a_clock_that_claims_less_time_is_caught(spec: TaskSpec, tmp_path: Path)
 def test_an_eager_time_made_slower_is_replaced_by_the_judges(spec: TaskSpec, tmp_path: Path) -> None:
     """A baseline 1000x slower than eager really is would give the kernel a 1000x speedup: the judge ranks
     it against its own measurement of eager instead."""
-    honest = _evaluate("none", spec, Candidate.from_file(CORPUS / "good.cpp"), tmp_path)
     r = _evaluate("slow-eager", spec, Candidate.from_file(CORPUS / "good.cpp"), tmp_path)
+    # The control: an honest worker's eager agrees with the judge's. On a loaded machine (the whole suite on
+    # two cores) one honest run measured 16x the judge's, as the judge allows for: a second run decides.
+    for _ in range(2):
+        honest = _evaluate("none", spec, Candidate.from_file(CORPUS / "good.cpp"), tmp_path)
+        if "eager_disagrees" not in honest.verify:
+            break
     assert honest.status is Status.OK and r.status is Status.OK, f"{r.status}: {r.message}"
     assert "eager_disagrees" in r.verify and "eager_disagrees" not in honest.verify
     assert r.speedup is not None and honest.speedup is not None and r.speedup < 20 * honest.speedup

@@ -277,12 +277,11 @@ def main() -> int:
                     logging.exception("%s failed", name)
                     rows[-1]["error"] = f"{type(e).__name__}: {e}"[:300]
                 save()
-        except TimeLimit:
-            set_limit(None)
+        except TimeLimit:  # the timer fires once: nothing cuts what follows
             if rows:
                 rows[-1].update(limit_s=args.limit, error=f"time limit of {args.limit:.0f} s reached")
             save()
-        set_limit(None)  # what is left (the table, the folder's removal) is not cut
+        set_limit(None)  # models done before the limit: what is left (the table, the folder's removal) is not cut
     table(rows)
     profiles(rows)
     return 0

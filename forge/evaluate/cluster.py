@@ -266,7 +266,7 @@ class RayEvaluator(BaseEvaluator):
         finally:
             try:  # each actor cleans its folders, then goes; one that does not answer in time goes as it is
                 closing = [a.close.remote() for a in self.actors]
-                done, late = ray.wait(closing, num_returns=len(closing), timeout=CLOSE_S)
+                _, late = ray.wait(closing, num_returns=len(closing), timeout=CLOSE_S)
                 if late:
                     log.warning("%d Ray actors did not close in %.0f s: their folders may stay", len(late), CLOSE_S)
             except Exception as e:  # noqa: BLE001 - a lost actor or cluster: killed below all the same

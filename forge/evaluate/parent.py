@@ -233,11 +233,10 @@ class Worker:
         # comment) is a fresh instance, statics and all, not the handle glibc keeps for a name already loaded.
         self._staged += 1
         staged = self.lib / f"{hashlib.sha256(data).hexdigest()[:32]}-{self._staged}{Path(path).suffix}"
-        if not staged.exists():
-            tmp = staged.with_name(f".{staged.name}.tmp")
-            tmp.write_bytes(data)
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, staged)
+        tmp = staged.with_name(f".{staged.name}.tmp")
+        tmp.write_bytes(data)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, staged)
         return str(staged)
 
     def _stop(self) -> None:

@@ -29,7 +29,7 @@ for whl in $(ls .whl/helion-*.whl .whl/helion-try/helion-*.whl 2>/dev/null | sed
              | sort -V -r | cut -d' ' -f2); do
   dir=/tmp/helion-$(basename "$whl" .whl)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$dir" "$whl" || continue
-  if PYTHONPATH=$dir:$PYTHONPATH timeout 120 python3 - <<'PY' >>"$OUT/helion_versions.txt" 2>&1; then
+  cat >/tmp/helion_probe.py <<'PY'  # a file, not stdin: Helion reads a kernel's source with inspect
 import importlib.metadata as m
 import torch, helion, helion.language as hl
 @helion.kernel(config=helion.Config(block_sizes=[128]))
@@ -42,6 +42,7 @@ x = torch.randn(1000, device="cuda")
 assert torch.equal(add1(x), x + 1)
 print("helion", m.version("helion"), "works with torch", torch.__version__)
 PY
+  if PYTHONPATH=$dir:$PYTHONPATH timeout 120 python3 /tmp/helion_probe.py >>"$OUT/helion_versions.txt" 2>&1; then
     export PYTHONPATH=$dir:$PYTHONPATH; break
   fi
   echo "$(basename "$whl"): does not work here" >>"$OUT/helion_versions.txt"

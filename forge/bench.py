@@ -76,15 +76,17 @@ class Clock:
         else:
             size = 256 << 20
         self.flush_buf = torch.empty(size // 4, dtype=torch.int32, device=device)
-        self.flush_sink = torch.empty((), dtype=torch.int64, device=device)
+        self.flush_sink = torch.empty((), dtype=torch.int32, device=device)
 
     def flush(self) -> None:
         """Evict the cache: write a large buffer, then (CUDA) read it back, so the L2 holds clean lines.
         A flush that only writes leaves an L2 of dirty lines whose write-back the next kernel pays for
-        (measured on the H200: +1 us on a 16 MB copy, +2.6 us on 64 MB; benchmarks/flush_check.py)."""
+        (measured on the H200: +1 us on a 16 MB copy, +2.6 us on 64 MB; benchmarks/flush_check.py). The read is
+        an int32 max, at the copy rate: a sum into int64 ran at a fifth of it (on an H100, 475 us against 94 for
+        256 MiB; benchmarks/clock_cost.py), and as every timed call pays it, it was most of a candidate's timing."""
         self.flush_buf.fill_(1)
         if self.cuda:
-            torch.sum(self.flush_buf, dim=0, dtype=torch.int64, out=self.flush_sink)
+            torch.amax(self.flush_buf, dim=0, out=self.flush_sink)
 
     def time_us(self, fn: Callable[[], object]) -> float:
         """Time one call of fn in microseconds, after a cache flush."""

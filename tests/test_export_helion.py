@@ -97,7 +97,10 @@ def test_the_exported_helion_form_runs_its_shipped_config_in_a_fresh_process(hel
     out, _ = helion_exported
     universal = out / "build" / "torch-universal"
     (pkg,) = [p.name for p in universal.iterdir() if p.is_dir()]
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "TRITON_INTERPRET": "1"}
+    root = os.path.dirname(HERE)  # forge's checkout leaves the path (the export stands alone); helion's folder may stay
+    path = os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                           if p and os.path.abspath(p) != root)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     res = subprocess.run([sys.executable, "-c", _RUN.format(pkg=pkg), str(universal), HERE], env=env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

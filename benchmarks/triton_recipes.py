@@ -31,6 +31,7 @@ def _best(ev, spec, policy, roots: list, limit: int) -> dict:
     """Evaluate `roots` and then mutations of the best so far (one level at a time) until `limit` candidates;
     the best verified median, how many passed and the wall time."""
     start, tried, passed, best, best_knobs, failures = time.monotonic(), 0, 0, None, None, {}
+    messages: dict[str, str] = {}  # the first message of each failing status
     frontier = list(roots)
     while frontier and tried < limit:
         batch, frontier = frontier[: limit - tried], []
@@ -43,10 +44,11 @@ def _best(ev, spec, policy, roots: list, limit: int) -> dict:
                     best, best_knobs = res.timing.median_us, knobs
             else:
                 failures[res.status.value] = failures.get(res.status.value, 0) + 1
+                messages.setdefault(res.status.value, (res.message or res.build_log)[-600:])
         if best_knobs is not None:
             frontier = policy.propose(spec, best_knobs)
     return {"us": best, "knobs": repr(best_knobs), "tried": tried, "passed": passed, "failures": failures,
-            "tune_s": time.monotonic() - start}
+            "messages": messages, "tune_s": time.monotonic() - start}
 
 
 def main() -> int:

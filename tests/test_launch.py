@@ -1,5 +1,7 @@
 """The worker's launcher: the run-time guard against PyTorch compute in Python (Triton) launchers."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -42,3 +44,13 @@ def test_python_launcher_computing_with_torch_is_caught_at_run_time(tmp_path):
     assert y.isnan().all()
     launcher.bind([x], [y])()  # unguarded (timing) it would run: verification is where the guard matters
     torch.testing.assert_close(y, torch.sigmoid(x))
+
+
+def test_a_python_module_keeps_its_source_once_its_file_is_gone(tmp_path):
+    """The worker loads a staged copy and removes it at once; Helion reads a kernel's source (inspect) at its first
+    call, later: the source stays readable as it was imported."""
+    path = tmp_path / "staged-1.py"
+    path.write_text("def launch(inputs, outputs):\n    return 0\n\n\ndef kernel(x):\n    return x + 1\n")
+    launcher = Launcher("triton", str(path), "launch")
+    path.unlink()
+    assert inspect.getsource(launcher.module.kernel) == "def kernel(x):\n    return x + 1\n"

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import linecache
 import threading
+import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -137,6 +139,10 @@ class Launcher:
                 spec.loader.exec_module(module)
             except Exception as e:
                 raise LaunchError(f"the module raised on import: {type(e).__name__}: {e}") from e
+            # its source in linecache, as imported and for good (no mtime: never re-checked against the file): Helion
+            # reads a kernel's source (inspect) at its first call, and the worker's staged copy is gone once loaded
+            text = spec.loader.get_source(name) or ""  # type: ignore[attr-defined]
+            linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
             fn = getattr(module, entry, None)
             if not callable(fn):
                 raise LaunchError(f"the module defines no callable `{entry}`")
@@ -210,7 +216,8 @@ class Launcher:
         try:
             self.py_fn(scratch_in, scratch_out)
         except Exception as e:
-            raise LaunchError(f"the first call (compiling) raised: {type(e).__name__}: {str(e)[:500]}") from e
+            where = "".join(traceback.format_tb(e.__traceback__, limit=-3))[-700:]
+            raise LaunchError(f"the first call (compiling) raised: {type(e).__name__}: {str(e)[:500]}\n{where}") from e
         self._warmed.add(sig)
 
 

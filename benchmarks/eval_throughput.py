@@ -155,6 +155,10 @@ def main() -> int:
         print(f"timed rounds a candidate: median {statistics.median(r.timing.n for r in timed):.0f} "
               f"(min {min(r.timing.n for r in timed)}, max {max(r.timing.n for r in timed)}); judged in "
               f"{statistics.median(r.device_s for r in timed):.3f} s a candidate (median)")
+        phases = [r.verify.get("phases_s", {}) for r in timed]
+        names = list(dict.fromkeys(n for ph in phases for n in ph))
+        print("judge's steps, median s a candidate: " + ", ".join(
+            f"{n} {statistics.median(ph.get(n, 0.0) for ph in phases):.3f}" for n in names))
     bad = [r for r in results if not r.status.passed]
     for r in bad[:3]:
         print("rejected:", r.status.value, r.message[:200])

@@ -1,7 +1,8 @@
 """How close is close enough: the one error metric and the one tolerance table forge judges outputs by.
 
 Error: max |out - ref| / (|ref| + mean |ref|) over the judged elements (float64 when either side is, else
-float32: the tolerances are far above float32's rounding of the reference). The scale term `mean |ref|`
+float32: the tolerances are far above float32's rounding of the reference; `rel_errors`, the judge's, in
+float64 only when an output is). The scale term `mean |ref|`
 keeps tiny outputs from passing as zeros and large ones from failing on rounding.
 
 Tolerances per dtype: `kernel`, one region against its reference in higher precision (forge.evaluate.verify; above
@@ -59,11 +60,13 @@ def tf32_convolutions(model: torch.nn.Module) -> bool:
 
 
 def rel_errors(outs: list[torch.Tensor], ref: torch.Tensor, mask: torch.Tensor) -> list[float]:
-    """`rel_error` of each of `outs` against one `ref` over `mask`: the denominator made once, one sync."""
+    """`rel_error` of each of `outs` against one `ref` over `mask`: the denominator made once, one sync. In
+    float64 only when an output is: a float64 reference of lower-precision outputs is compared in float32 (half
+    the bytes of every pass; its rounding there, 6e-8, is far below any tolerance but float64's)."""
     n = int(mask.sum())
     if n == 0:
         return [0.0] * len(outs)
-    wide = torch.float64 if torch.float64 in (ref.dtype, *(o.dtype for o in outs)) else torch.float32
+    wide = torch.float64 if any(o.dtype == torch.float64 for o in outs) else torch.float32
     r = ref.to(wide)
     ra = torch.where(mask, r.abs(), 0.0)
     denom = ra + (ra.sum() / n).clamp_min(1e-30)

@@ -61,6 +61,9 @@ def test_an_untouched_worker_passes_a_slow_right_kernel(spec: TaskSpec, tmp_path
     r = _evaluate("none", spec, Candidate("cpu", SLOW_SILU), tmp_path)
     assert r.status is Status.OK, r.message
     assert r.timing is not None and r.baseline is not None and r.timing.median_us > r.baseline.median_us
+    steps = r.verify["phases_s"]  # where the judge's time went, step by step, within the evaluation's own
+    assert list(steps) == ["load", "verify", "repeats", "timed", "batch", "eager", "late"]
+    assert steps["timed"] > 0 and sum(steps.values()) <= r.device_s
 
 
 def test_a_clock_that_claims_less_time_is_caught(spec: TaskSpec, tmp_path: Path) -> None:

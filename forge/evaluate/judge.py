@@ -64,6 +64,20 @@ class Rejected(Exception):  # noqa: N818 - a verdict, not an error
         self.result = result
 
 
+class _Laps:
+    """Seconds each step of one evaluation took, summed by name (`phases_s` in a passing result's detail: where
+    the judge's time goes, benchmarks/eval_throughput.py)."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.s: dict[str, float] = {}
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.s[name] = round(self.s.get(name, 0.0) + now - self.last, 4)
+        self.last = now
+
+
 class Remote(Target):
     """The worker as the judge's target: steps over the pipe, tensors in the arena."""
 
@@ -154,9 +168,10 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
     except Exception as e:
         return result(Status.REFERENCE_ERROR, f"{type(e).__name__}: {e}")
     remote = Remote(worker, device, start + timeout_s)
-    task = req.task
+    task, lap = req.task, _Laps()
     try:
         remote.step(Load(task, req.backend, req.path, req.entry))
+        lap("load")
         if req.retime and req.bench is not None:  # verified before: timed again, its kept calls still judged
             timing, baseline, wrong = _timed(remote, ref, task, device, req.seed, req.bench)
             if wrong is not None:
@@ -166,11 +181,14 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         if verdict.status is not Status.OK or req.bench is None:
             return result(verdict.status, verdict.message, verify=verdict.detail)
         detail = verdict.detail
+        lap("verify")
         skipped = _skips_repeats(remote, ref, task, device, req.seed)
         if skipped is not None:
             return result(skipped.status, skipped.message, verify=detail)
-        timing, baseline = _checked_timing(remote, ref, task, device, req, detail)
+        lap("repeats")
+        timing, baseline = _checked_timing(remote, ref, task, device, req, detail, lap)
         baseline, detail = _eager_check(ref, task, device, baseline, req.bench, detail)
+        lap("eager")
         # The calls judged are not only the first ones: the sets again, from a seed drawn here, after all
         # the timed calls, into outputs holding finite values (not the NaN poison a kernel could look for),
         # each output watched for a moment after its call returned.
@@ -178,6 +196,8 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
                       finite_fill=True)
         if late.status is not Status.OK:
             return result(late.status, f"after timing: {late.message}", verify=detail)
+        lap("late")
+        detail = {**detail, "phases_s": lap.s}
         rate = bandwidth(device)
         floor_us = task.floor_bytes / rate * 1e6 if rate else None
         if floor_us and timing.median_us < req.floor_factor * floor_us:
@@ -198,7 +218,7 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
 
 
 def _checked_timing(remote: Remote, ref: Reference, task: TaskSpec, device: str, req: EvalRequest,
-                    detail: dict[str, Any]) -> tuple[Timing, Timing]:
+                    detail: dict[str, Any], lap: _Laps) -> tuple[Timing, Timing]:
     """Steps 3 and 4: the timed rounds (their kept calls judged) and the cross-check of the worker's clock;
     on a disagreement timed and checked once more before it counts (a busy machine disturbs either). Raises
     Rejected with the verdict of a wrong kept call or of a clock that disagrees twice."""
@@ -209,7 +229,9 @@ def _checked_timing(remote: Remote, ref: Reference, task: TaskSpec, device: str,
         if wrong is not None:
             raise Rejected(EvalResult(wrong.status, wrong.message, verify={**detail, "timed": wrong.detail}))
         assert timing is not None and baseline is not None
+        lap("timed")
         disagree = _batch_check(remote, ref, task, device, timing, req.bench)
+        lap("batch")
         if not disagree:
             return timing, baseline
     raise Rejected(EvalResult(Status.FORBIDDEN_TIMER, disagree, verify=detail, timing=timing, baseline=baseline))

@@ -9,9 +9,9 @@
 # into .whl/ (ignored by git; about 12 MB) and carry .whl:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
-#     helion==1.5.1 rich markdown-it-py mdurl pygments psutil filecheck sqlalchemy==2.1.9 greenlet pyseccomp==0.1.2
-#   and older releases to try in .whl/helion-try/ (out of the other scripts' .whl/*.whl):
-#   for v in 1.5.0 1.4.0 1.2.0; do python3 -m pip download --no-deps -d .whl/helion-try helion==$v; done
+#     helion==1.5.0 rich markdown-it-py mdurl pygments psutil filecheck sqlalchemy==2.1.9 greenlet pyseccomp==0.1.2
+#   and other releases to try in .whl/helion-try/ (out of the other scripts' .whl/*.whl):
+#   for v in 1.5.1 1.4.0 1.2.0; do python3 -m pip download --no-deps -d .whl/helion-try helion==$v; done
 # (numpy and typing-extensions come with the image's torch; helion's scikit-learn and SciPy, 45 MB, only feed its
 # autotuner's surrogate models, imported if present, and forge never runs the autotuner.)
 set -u

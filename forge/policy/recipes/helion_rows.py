@@ -50,9 +50,15 @@ def _whole_stats(op: str, x: str, length: int, eps: str, acc64: bool) -> list[st
             f"var_ = ({_sum('d * d', acc64)} / {length}){back}", f"rstd = torch.rsqrt(var_ + {eps})"]
 
 
-def _chunk_stats(op: str, x: str, acc64: bool) -> tuple[list[str], list[str]]:
-    """Per-row accumulators over the chunks of a row: (before the loop, in it)."""
+def _chunk_stats(op: str, x: str, acc64: bool, length: int, tail: bool) -> tuple[list[str], list[str]]:
+    """Per-row accumulators over the chunks of a row: (before the loop, in it). With a `tail` (chunks that do not
+    divide the row), the sums take the tail's lanes out themselves: Helion 1.5.0 (the release that runs with
+    torch 2.11) leaves them in a sum of a tile cast to float64 (a masked load's 0 less the pivot)."""
     dt = "torch.float64" if acc64 else "torch.float32"
+
+    def summed(e: str) -> str:  # what a sum may add up: the row's lanes only
+        return f"torch.where(j < {length}, {e}, 0.0)" if tail else e
+
     if op in _SOFTMAX:  # online: a running max and sum, rescaled when the max grows; -inf adds nothing
         return ([f"mx = hl.full([tile_r, 1], {_NEG_INF}, torch.float32)", "sm = hl.zeros([tile_r, 1], torch.float32)"],
                 [f"xv = {x}", "mn = torch.maximum(mx, torch.amax(xv, dim=1, keepdim=True))",
@@ -64,10 +70,10 @@ def _chunk_stats(op: str, x: str, acc64: bool) -> tuple[list[str], list[str]]:
         return ([f"{name} = hl.full([tile_r, 1], {init}, torch.float32)"],
                 [f"{name} = torch.{fn}imum({name}, torch.a{fn}({x}, dim=1, keepdim=True))"])
     if op in ("mean", "sum"):
-        return [f"acc = hl.zeros([tile_r, 1], {dt})"], [f"acc = acc + {_sum(x, acc64)}"]
+        return [f"acc = hl.zeros([tile_r, 1], {dt})"], [f"acc = acc + {_sum(summed(x), acc64)}"]
     # sums of x - piv (the row's first value), so a large mean does not cancel the variance away
     return ([f"a1 = hl.zeros([tile_r, 1], {dt})", f"a2 = hl.zeros([tile_r, 1], {dt})"],
-            [f"v = {x} - piv", f"a1 = a1 + {_sum('v', acc64)}", f"a2 = a2 + {_sum('v * v', acc64)}"])
+            [f"v = {summed(f'{x} - piv')}", f"a1 = a1 + {_sum('v', acc64)}", f"a2 = a2 + {_sum('v * v', acc64)}"])
 
 
 def _chunk_finish(op: str, length: int, eps: str, acc64: bool) -> list[str]:
@@ -127,7 +133,7 @@ def row_source(spec: TaskSpec, knobs: HelionRowKnobs, low: rowreduce.RowLowered 
                 f"            j = tile_j.index[None, :]\n{_block(inner, 3)}")
         block_sizes = [knobs.rows]
     else:
-        before, inside = _chunk_stats(low.op, parts.x, acc64)
+        before, inside = _chunk_stats(low.op, parts.x, acc64, length, tail=length % knobs.chunk != 0)
         loop = f"        for tile_j in hl.tile({length}):\n            j = tile_j.index[None, :]\n"
         piv = [*parts.piv.lines, f"piv = {parts.piv_value}"] if parts.piv_value else []
         body = (_block(piv + before, 2) + loop + _block(pro_lines + inside, 3)

@@ -69,7 +69,9 @@ def rel_errors(outs: list[torch.Tensor], ref: torch.Tensor, mask: torch.Tensor) 
     wide = torch.float64 if any(o.dtype == torch.float64 for o in outs) else torch.float32
     r = ref.to(wide)
     ra = torch.where(mask, r.abs(), 0.0)
-    denom = ra + (ra.sum() / n).clamp_min(1e-30)
+    # summed in float64 whatever `wide` is: a float32 sum's last digits follow the thread count (stored errors
+    # would differ between one worker and several); the elementwise steps and the max do not
+    denom = ra + (ra.sum(dtype=torch.float64) / n).clamp_min(1e-30).to(wide)
     errs = [torch.where(mask, (o.to(wide) - r).abs() / denom, 0.0).max() for o in outs]
     return torch.stack(errs).tolist()
 

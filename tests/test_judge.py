@@ -162,3 +162,17 @@ def test_the_arena_cannot_be_shrunk_under_forge_and_a_shrunk_arena_gets_a_new_wo
         assert arena.memfds == 2 and fcntl.fcntl(arena.fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
         assert ev.evaluate(spec, good).status is Status.OK
         assert ev.worker.proc.pid != pid  # the worker that held the old memfd was replaced
+
+
+def test_the_worker_starts_before_the_first_candidate_is_built(tmp_path: Path) -> None:
+    """An evaluator starts its worker on its judging slot at once, so that the first candidate's judging does not
+    wait for Python, torch and the device to start after its build."""
+    with Evaluator("cpu", cache_dir=tmp_path) as ev:
+        deadline = time.monotonic() + 60
+        while ev.worker.proc is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ev.worker.proc is not None and ev.worker.proc.poll() is None
+        first = ev.worker.proc.pid
+    with Evaluator("cpu", cache_dir=tmp_path) as ev:  # closed at once: the start under way ends, then the worker
+        pass
+    assert ev.worker.proc is None and first > 0

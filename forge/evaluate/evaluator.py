@@ -142,6 +142,16 @@ class Evaluator(BaseEvaluator):
         self.workers = [Worker(d, memory if d == "cpu" else None, triton_cache=f"worker-{i}" if len(devices) > 1
                                else None) for i, d in enumerate(devices)]
         self.slots: Slots[int] = Slots(range(len(self.workers)))  # a slot: an index into self.workers
+        for _ in self.workers:  # the worker processes start on their slots while the first candidates build
+            self.slots.submit(self._start_worker)
+
+    def _start_worker(self, i: int) -> None:
+        """Start worker i ahead of its first step; a start that fails is left to that step, which starts it
+        again and reports the failure as its candidate's result."""
+        try:
+            self.workers[i].start()
+        except RuntimeError as e:
+            log.warning("the %s worker did not start ahead of its first step: %s", self.workers[i].device, e)
 
     @property
     def worker(self) -> Worker:

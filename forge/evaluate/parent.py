@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from multiprocessing.connection import Connection
@@ -123,6 +124,8 @@ class Worker:
         self._memfd = self.arena.memfds
         self.uid: int | None = None  # the user the running worker is (read from /proc)
         self.drop, self.privileged = self._plan((not cuda) if unprivileged is None else unprivileged)
+        self._life = threading.Lock()  # `start` (from a judging slot's thread) against `close` (from any)
+        self._closed = False
 
     def _plan(self, want: bool) -> tuple[Drop | None, str]:
         """The worker's folders (its own scratch, where it may write; `lib`, where built libraries are copied
@@ -150,12 +153,6 @@ class Worker:
     def log_path(self) -> Path:
         """The worker's stdout/stderr."""
         return Path(self._dir.name) / "worker.log"
-
-    def start(self) -> None:
-        """Start the worker process now (else its first step does); RuntimeError when it cannot start."""
-        if self.proc is None or self.proc.poll() is not None:
-            self._stop()
-            self._start()
 
     def _start(self) -> None:
         self._first_load = self._staged
@@ -340,11 +337,23 @@ class Worker:
         self.restarts += 1
         self._stop()
 
+    def start(self) -> None:
+        """Start the process now unless it runs (else its first step does); RuntimeError when it cannot start.
+        forge.evaluate.evaluator starts its workers so on their judging slots while the first candidates build
+        (the first step then does not wait for Python, torch and the device to start)."""
+        with self._life:
+            if self._closed or (self.proc is not None and self.proc.poll() is None):
+                return
+            self._stop()
+            self._start()
+
     def close(self) -> None:
-        """Stop the worker and remove its directory."""
-        self._stop()
-        self.arena.close()
-        self._dir.cleanup()
+        """Stop the worker and remove its directory (after a `start` under way has finished)."""
+        with self._life:
+            self._closed = True
+            self._stop()
+            self.arena.close()
+            self._dir.cleanup()
 
     def __enter__(self) -> Worker:
         return self

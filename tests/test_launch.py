@@ -5,7 +5,9 @@ import inspect
 import pytest
 import torch
 
+from forge.evaluate.checks import check_python
 from forge.evaluate.launch import ForbiddenTorch, Launcher, NoTorchCompute
+from forge.kernel import Status
 
 SNEAKY = '''
 import torch
@@ -54,3 +56,16 @@ def test_a_python_module_keeps_its_source_once_its_file_is_gone(tmp_path):
     launcher = Launcher("triton", str(path), "launch")
     path.unlink()
     assert inspect.getsource(launcher.module.kernel) == "def kernel(x):\n    return x + 1\n"
+
+
+def test_a_comment_cannot_show_inspect_another_kernel_than_python_runs(tmp_path):
+    """str.splitlines splits at a form feed (and \\x85, \\u2028...) where Python's tokenizer does not: lines cached
+    so, a comment holding `\\x0cdef kernel...` would be the source inspect gives Helion to compile."""
+    source = ("def launch(inputs, outputs):\n    return 0\n\n\n"
+              "#\x0cdef kernel(x): return 'hidden'\ndef kernel(x):\n    return x + 1\n")
+    path = tmp_path / "staged-2.py"
+    path.write_text(source)
+    launcher = Launcher("triton", str(path), "launch")
+    path.unlink()
+    assert inspect.getsource(launcher.module.kernel) == "def kernel(x):\n    return x + 1\n"
+    assert [s for s, _ in check_python(source)] == [Status.BAD_FORMAT]  # refused before it is ever built

@@ -22,14 +22,16 @@ pytest.importorskip("helion")
 
 
 def _knobs(spec: TaskSpec) -> list[HelionKnobs | HelionRowKnobs]:
-    """The recipe's schedules, each with tails: pointwise tiles of 64; rows held whole two to a tile, and walked in
-    four chunks or so with float64 statistics (few: the interpreter's time grows with the loop's trips)."""
+    """The recipe's schedules, each with tails: pointwise tiles of 64; rows held whole two to a tile (float32 and
+    float64 statistics), and walked in four chunks or so with float64 statistics (few: the interpreter's time grows
+    with the loop's trips)."""
     try:
         pointwise.lower(spec)
         return [HelionKnobs(block=64, warps=2)]
     except NotMine:
         chunk = max(16, (1 << (rowreduce.lower(spec).length - 1).bit_length()) // 4)
-        return [HelionRowKnobs(rows=2), HelionRowKnobs(passes=2, chunk=chunk, warps=2, acc64=True)]
+        return [HelionRowKnobs(rows=2), HelionRowKnobs(rows=2, acc64=True),
+                HelionRowKnobs(passes=2, chunk=chunk, warps=2, acc64=True)]
 
 
 def test_helion_recipes_take_every_task_the_triton_recipes_take():

@@ -25,3 +25,14 @@ def test_an_error_just_over_the_tolerance_is_seen_in_float32() -> None:
     (err,) = rel_errors([out], ref, mask)
     assert tol < err < 1.3 * tol
     assert rel_errors([ref.to(torch.float32)], ref, mask)[0] < 1e-7
+
+
+def test_outputs_wrong_near_float32s_largest_values_are_seen() -> None:
+    """|ref| + mean |ref| overflows float32 there: the error is taken in units of the mean, not found 0."""
+    ref = torch.full((64,), 2.5e38, dtype=torch.float64)
+    ref[0] = 1.0
+    out = torch.zeros(64)
+    out[1] = 1.0
+    mask = torch.ones(64, dtype=torch.bool)
+    (err,) = rel_errors([out], ref, mask)
+    assert abs(err - rel_error(out.double(), ref, mask)) < 1e-6 and err > 0.4

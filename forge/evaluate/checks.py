@@ -107,10 +107,17 @@ _IMPORT_STATUS = {"threading": Status.FORBIDDEN_CONCURRENCY, "multiprocessing": 
                   "time": Status.FORBIDDEN_TIMER, "timeit": Status.FORBIDDEN_TIMER, "torch": Status.FORBIDDEN_TORCH}
 
 
+_ODD_BREAKS = frozenset("\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")  # str.splitlines' breaks that are not Python's
+
+
 def check_python(source: str, entry: str = "launch", backend: str = TRITON.name) -> list[Finding]:
     """Broken rules in a Python (Triton, Helion) candidate: imports, builtins, and torch compute outside its
     kernels (and, for Helion, outside their device loops: forge.evaluate.tilechecks)."""
     b = BACKENDS[backend]
+    odd = sorted({f"U+{ord(c):04X}" for c in source if c in _ODD_BREAKS})
+    if odd:  # what inspect shows of a kernel and what Python runs could differ
+        return [(Status.BAD_FORMAT, f"holds characters some readers split lines at and Python does not "
+                 f"({', '.join(odd)})")]
     try:
         tree = ast.parse(source)
     except SyntaxError as e:

@@ -150,7 +150,7 @@ class Evaluator(BaseEvaluator):
         again and reports the failure as its candidate's result."""
         try:
             self.workers[i].start()
-        except RuntimeError as e:
+        except Exception as e:  # noqa: BLE001 - nobody reads this job's future: said here, reported by the step
             log.warning("the %s worker did not start ahead of its first step: %s", self.workers[i].device, e)
 
     @property

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import io
 import linecache
 import threading
 import traceback
+import types
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -124,25 +127,36 @@ class FixedCall:
             raise LaunchError(f"forge_launch returned {ret}")
 
 
+def _import(path: str) -> types.ModuleType:
+    """A Python candidate imported from one read of its file: the text run is the text put in linecache, first
+    and for good (no mtime: never re-checked against the file): Triton reads a kernel's source (inspect) at
+    import, Helion at its first call, when the worker's staged copy is gone. Lines split at "\n" only, as
+    Python's tokenizer does (str.splitlines also splits at \x0c, \x85, \u2028...: a comment would hide another
+    kernel from the checks)."""
+    name = f"forge_candidate_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise LaunchError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        text = importlib.util.decode_source(Path(path).read_bytes())
+    except OSError as e:
+        raise LaunchError(f"cannot read {path}: {e}") from e
+    linecache.cache[path] = (len(text), None, io.StringIO(text).readlines(), path)
+    try:
+        exec(compile(text, path, "exec"), module.__dict__)  # noqa: S102 - the candidate, in its worker
+    except Exception as e:
+        raise LaunchError(f"the module raised on import: {type(e).__name__}: {e}") from e
+    return module
+
+
 class Launcher:
     """A loaded candidate; `bind(inputs, outputs)` returns a no-argument call for timing loops."""
 
     def __init__(self, backend: str, path: str, entry: str) -> None:
         self.backend = backend
         if not BACKENDS[backend].native:  # a Python module
-            name = f"forge_candidate_{uuid.uuid4().hex[:8]}"
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                raise LaunchError(f"cannot import {path}")
-            module = importlib.util.module_from_spec(spec)
-            try:
-                spec.loader.exec_module(module)
-            except Exception as e:
-                raise LaunchError(f"the module raised on import: {type(e).__name__}: {e}") from e
-            # its source in linecache, as imported and for good (no mtime: never re-checked against the file): Helion
-            # reads a kernel's source (inspect) at its first call, and the worker's staged copy is gone once loaded
-            text = spec.loader.get_source(name) or ""  # type: ignore[attr-defined]
-            linecache.cache[path] = (len(text), None, text.splitlines(keepends=True), path)
+            module = _import(path)
             fn = getattr(module, entry, None)
             if not callable(fn):
                 raise LaunchError(f"the module defines no callable `{entry}`")

@@ -30,34 +30,45 @@ def _sum(x: str, acc64: bool) -> str:
     return f"torch.sum({_acc(x, acc64)}, dim=1, keepdim=True)"
 
 
+def _lanes(e: str, length: int, tail: bool) -> str:
+    """What a sum may add up: the row's lanes only, where the tile has a `tail` past the row. Helion 1.5.0 (the
+    release that runs with torch 2.11) leaves a tail's lanes in a sum of a tile cast to float64 (a masked load's
+    0, less the pivot or the mean, or through exp)."""
+    return f"torch.where(j < {length}, {e}, 0.0)" if tail else e
+
+
 def _back(acc64: bool) -> str:
     return ".to(torch.float32)" if acc64 else ""
 
 
-def _whole_stats(op: str, x: str, length: int, eps: str, acc64: bool) -> list[str]:
-    """Statistics over rows held whole (Helion masks the tile's tail in each reduction)."""
+def _whole_stats(op: str, x: str, length: int, eps: str, acc64: bool, tail: bool) -> list[str]:
+    """Statistics over rows held whole (Helion masks the tile's tail in each reduction but a float64 one's:
+    `_lanes`, with a `tail` and float64 sums)."""
     back = _back(acc64)
+    tail = tail and acc64
+
+    def lanes(e: str) -> str:
+        return _lanes(e, length, tail)
     if op in _SOFTMAX:
         return [f"xv = {x}", "mx = torch.amax(xv, dim=1, keepdim=True)",
-                f"sm = {_sum('torch.exp(xv - mx)', acc64)}{back}", "inv_sm = 1.0 / sm"]
+                f"sm = {_sum(lanes('torch.exp(xv - mx)'), acc64)}{back}", "inv_sm = 1.0 / sm"]
     if op in ("amax", "amin"):
         return [f"mx = torch.amax({x}, dim=1, keepdim=True)" if op == "amax" else
                 f"mn = torch.amin({x}, dim=1, keepdim=True)"]
     if op in ("mean", "sum"):
-        return [f"sm = {_sum(x, acc64)}{back}", f"mean = sm / {length}"]
+        return [f"sm = {_sum(lanes(x), acc64)}{back}", f"mean = sm / {length}"]
     # mean and variance, exactly: the deviations from the mean are in the registers
-    return [f"xv = {x}", f"mean = ({_sum('xv', acc64)} / {length}){back}", "d = xv - mean",
+    return [f"xv = {lanes(x)}", f"mean = ({_sum('xv', acc64)} / {length}){back}", f"d = {lanes('xv - mean')}",
             f"var_ = ({_sum('d * d', acc64)} / {length}){back}", f"rstd = torch.rsqrt(var_ + {eps})"]
 
 
 def _chunk_stats(op: str, x: str, acc64: bool, length: int, tail: bool) -> tuple[list[str], list[str]]:
     """Per-row accumulators over the chunks of a row: (before the loop, in it). With a `tail` (chunks that do not
-    divide the row), the sums take the tail's lanes out themselves: Helion 1.5.0 (the release that runs with
-    torch 2.11) leaves them in a sum of a tile cast to float64 (a masked load's 0 less the pivot)."""
+    divide the row), the sums take the tail's lanes out themselves (`_lanes`)."""
     dt = "torch.float64" if acc64 else "torch.float32"
 
-    def summed(e: str) -> str:  # what a sum may add up: the row's lanes only
-        return f"torch.where(j < {length}, {e}, 0.0)" if tail else e
+    def summed(e: str) -> str:
+        return _lanes(e, length, tail)
 
     if op in _SOFTMAX:  # online: a running max and sum, rescaled when the max grows; -inf adds nothing
         return ([f"mx = hl.full([tile_r, 1], {_NEG_INF}, torch.float32)", "sm = hl.zeros([tile_r, 1], torch.float32)"],
@@ -127,7 +138,8 @@ def row_source(spec: TaskSpec, knobs: HelionRowKnobs, low: rowreduce.RowLowered 
     y, row_stores = _stores(spec, low, parts)
     per_row = parts.per_row.lines + row_stores
     if whole:  # one loop of one tile: statistics, epilogue and per-row outputs all inside it
-        inner = [*pro_lines, *_whole_stats(low.op, parts.x, length, eps, acc64), *parts.pro.lines[parts.n_pro:],
+        inner = [*pro_lines, *_whole_stats(low.op, parts.x, length, eps, acc64, length != full),
+                 *parts.pro.lines[parts.n_pro:],
                  *y, *per_row]
         body = (f"        for tile_j in hl.tile({length}, block_size={full}):\n"
                 f"            j = tile_j.index[None, :]\n{_block(inner, 3)}")

@@ -19,6 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from provenance import stamp  # noqa: E402  (benchmarks/)
+
 from forge.bench import BenchConfig, Clock, interleaved  # noqa: E402
 
 
@@ -85,7 +87,9 @@ def main() -> None:
     for what, w, g in rows:
         print(f"| {what} | {w:.1f} | {g:.1f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps([{"what": a, "wall_us": b, "gpu_us": c} for a, b, c in rows], indent=1))
+        where = stamp(dev)
+        Path(args.json).write_text(json.dumps([{"what": a, **where, "wall_us": b, "gpu_us": c} for a, b, c in rows],
+                                              indent=1))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ def main() -> int:
     args = p.parse_args()
 
     from anchors import ANCHORS, module, tasks_of
+    from provenance import stamp
 
     from forge.bench import Clock
     from forge.evaluate.evaluator import Evaluator
@@ -94,7 +95,8 @@ def main() -> int:
             roots = policy.propose(spec, None)
             python = [k for k in roots if isinstance(k, policy.knob_classes(spec)[1])]  # [0]: CUDA's knobs
             native = [k for k in roots if k not in python]
-            row = {"anchor": a.name, "task": task.key, "eager_us": med["eager"], "compile_us": med["compile"],
+            row = {"anchor": a.name, "task": task.key, **stamp(device), "eager_us": med["eager"],
+                   "compile_us": med["compile"],
                    "backend": args.backend, "cuda": _best(ev, spec, policy, native, args.per_backend),
                    args.backend: _best(ev, spec, policy, python, args.per_backend)}
             rows.append(row)

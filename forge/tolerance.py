@@ -72,13 +72,10 @@ def rel_errors(outs: list[torch.Tensor], ref: torch.Tensor, mask: torch.Tensor) 
     # summed in float64 whatever `wide` is: a float32 sum's last digits follow the thread count (stored errors
     # would differ between one worker and several); the elementwise steps and the max do not
     scale = (ra.sum(dtype=torch.float64) / n).clamp_min(1e-30)
-    if wide == torch.float64:
-        denom = ra + scale
-        errs = [torch.where(mask, (o.to(wide) - r).abs() / denom, 0.0).max() for o in outs]
-    else:  # in units of the scale: |r| + scale would overflow float32 near its largest values (error 0)
-        inv = (1.0 / scale).to(wide)
-        denom = ra * inv + 1.0  # at most n + 1: the scale is the mean
-        errs = [torch.where(mask, (o.to(wide) - r).abs() * inv / denom, 0.0).max() for o in outs]
+    # in units of the scale: |r| + scale would overflow float32 near its largest values (an error of 0)
+    inv = (1.0 / scale).to(wide)
+    denom = ra * inv + 1.0  # at most n + 1: the scale is the mean
+    errs = [torch.where(mask, (o.to(wide) - r).abs() * inv / denom, 0.0).max() for o in outs]
     return torch.stack(errs).tolist()
 
 

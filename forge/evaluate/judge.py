@@ -74,8 +74,11 @@ class _Laps:
 
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
-        self.s[name] = round(self.s.get(name, 0.0) + now - self.last, 4)
+        self.s[name] = self.s.get(name, 0.0) + now - self.last
         self.last = now
+
+    def rounded(self) -> dict[str, float]:
+        return {name: round(s, 4) for name, s in self.s.items()}
 
 
 class Remote(Target):
@@ -197,7 +200,7 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         if late.status is not Status.OK:
             return result(late.status, f"after timing: {late.message}", verify=detail)
         lap("late")
-        detail = {**detail, "phases_s": lap.s}
+        detail = {**detail, "phases_s": lap.rounded()}
         rate = bandwidth(device)
         floor_us = task.floor_bytes / rate * 1e6 if rate else None
         if floor_us and timing.median_us < req.floor_factor * floor_us:

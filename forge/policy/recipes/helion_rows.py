@@ -7,6 +7,8 @@ and reductions (a max reduces over -inf there, a sum over 0).
 
 from __future__ import annotations
 
+import functools
+
 from forge.kernel import TaskSpec
 from forge.policy.recipes import rowreduce
 from forge.policy.recipes.emit import NotMine
@@ -31,9 +33,10 @@ def _sum(x: str, acc64: bool) -> str:
 
 
 def _lanes(e: str, length: int, tail: bool) -> str:
-    """What a sum may add up: the row's lanes only, where the tile has a `tail` past the row. Helion 1.5.0 (the
-    release that runs with torch 2.11) leaves a tail's lanes in a sum of a tile cast to float64 (a masked load's
-    0, less the pivot or the mean, or through exp)."""
+    """What a sum may add up: the row's lanes only, where row_source says there is a `tail` to take out (chunks
+    that do not divide the row; a row held whole in a wider tile, with float64 sums). Helion 1.5.0 (the release
+    that runs with torch 2.11) leaves a tail's lanes in a sum of a tile cast to float64 (a masked load's 0, less
+    the pivot or the mean, or through exp)."""
     return f"torch.where(j < {length}, {e}, 0.0)" if tail else e
 
 
@@ -42,13 +45,9 @@ def _back(acc64: bool) -> str:
 
 
 def _whole_stats(op: str, x: str, length: int, eps: str, acc64: bool, tail: bool) -> list[str]:
-    """Statistics over rows held whole (Helion masks the tile's tail in each reduction but a float64 one's:
-    `_lanes`, with a `tail` and float64 sums)."""
+    """Statistics over rows held whole (Helion masks the tile's tail in each reduction; `_lanes` where not)."""
     back = _back(acc64)
-    tail = tail and acc64
-
-    def lanes(e: str) -> str:
-        return _lanes(e, length, tail)
+    lanes = functools.partial(_lanes, length=length, tail=tail)
     if op in _SOFTMAX:
         return [f"xv = {x}", "mx = torch.amax(xv, dim=1, keepdim=True)",
                 f"sm = {_sum(lanes('torch.exp(xv - mx)'), acc64)}{back}", "inv_sm = 1.0 / sm"]
@@ -63,12 +62,9 @@ def _whole_stats(op: str, x: str, length: int, eps: str, acc64: bool, tail: bool
 
 
 def _chunk_stats(op: str, x: str, acc64: bool, length: int, tail: bool) -> tuple[list[str], list[str]]:
-    """Per-row accumulators over the chunks of a row: (before the loop, in it). With a `tail` (chunks that do not
-    divide the row), the sums take the tail's lanes out themselves (`_lanes`)."""
+    """Per-row accumulators over the chunks of a row: (before the loop, in it); `_lanes` with a `tail`."""
     dt = "torch.float64" if acc64 else "torch.float32"
-
-    def summed(e: str) -> str:
-        return _lanes(e, length, tail)
+    lanes = functools.partial(_lanes, length=length, tail=tail)
 
     if op in _SOFTMAX:  # online: a running max and sum, rescaled when the max grows; -inf adds nothing
         return ([f"mx = hl.full([tile_r, 1], {_NEG_INF}, torch.float32)", "sm = hl.zeros([tile_r, 1], torch.float32)"],
@@ -81,10 +77,10 @@ def _chunk_stats(op: str, x: str, acc64: bool, length: int, tail: bool) -> tuple
         return ([f"{name} = hl.full([tile_r, 1], {init}, torch.float32)"],
                 [f"{name} = torch.{fn}imum({name}, torch.a{fn}({x}, dim=1, keepdim=True))"])
     if op in ("mean", "sum"):
-        return [f"acc = hl.zeros([tile_r, 1], {dt})"], [f"acc = acc + {_sum(summed(x), acc64)}"]
+        return [f"acc = hl.zeros([tile_r, 1], {dt})"], [f"acc = acc + {_sum(lanes(x), acc64)}"]
     # sums of x - piv (the row's first value), so a large mean does not cancel the variance away
     return ([f"a1 = hl.zeros([tile_r, 1], {dt})", f"a2 = hl.zeros([tile_r, 1], {dt})"],
-            [f"v = {summed(f'{x} - piv')}", f"a1 = a1 + {_sum('v', acc64)}", f"a2 = a2 + {_sum('v * v', acc64)}"])
+            [f"v = {lanes(f'{x} - piv')}", f"a1 = a1 + {_sum('v', acc64)}", f"a2 = a2 + {_sum('v * v', acc64)}"])
 
 
 def _chunk_finish(op: str, length: int, eps: str, acc64: bool) -> list[str]:
@@ -138,14 +134,13 @@ def row_source(spec: TaskSpec, knobs: HelionRowKnobs, low: rowreduce.RowLowered 
     y, row_stores = _stores(spec, low, parts)
     per_row = parts.per_row.lines + row_stores
     if whole:  # one loop of one tile: statistics, epilogue and per-row outputs all inside it
-        inner = [*pro_lines, *_whole_stats(low.op, parts.x, length, eps, acc64, length != full),
-                 *parts.pro.lines[parts.n_pro:],
-                 *y, *per_row]
+        inner = [*pro_lines, *_whole_stats(low.op, parts.x, length, eps, acc64, acc64 and length != full),
+                 *parts.pro.lines[parts.n_pro:], *y, *per_row]
         body = (f"        for tile_j in hl.tile({length}, block_size={full}):\n"
                 f"            j = tile_j.index[None, :]\n{_block(inner, 3)}")
         block_sizes = [knobs.rows]
     else:
-        before, inside = _chunk_stats(low.op, parts.x, acc64, length, tail=length % knobs.chunk != 0)
+        before, inside = _chunk_stats(low.op, parts.x, acc64, length, length % knobs.chunk != 0)
         loop = f"        for tile_j in hl.tile({length}):\n            j = tile_j.index[None, :]\n"
         piv = [*parts.piv.lines, f"piv = {parts.piv_value}"] if parts.piv_value else []
         body = (_block(piv + before, 2) + loop + _block(pro_lines + inside, 3)

@@ -1,5 +1,5 @@
 """What one timed call costs the clock on a device (issue 13's throughput): wall time per `Clock.time_us` of a
-no-op and of an op, the flush's fill and read-back alone (events), and a round of the interleaved timing.
+no-op and of an op, the flush and the flushes it replaced (events), and a round of the interleaved timing.
 
     python benchmarks/clock_cost.py --device cuda [--json out.json]
 
@@ -61,9 +61,10 @@ def main() -> None:
     sink64 = torch.empty((), dtype=torch.int64, device=dev)
     read = lambda: torch.sum(clock.flush_buf, dim=0, dtype=torch.int64, out=sink64)  # noqa: E731
     rows = [("sync alone", wall_us(torch.cuda.synchronize, 200), 0.0),
-            ("flush (fill + read back)", wall_us(lambda: (clock.flush(), torch.cuda.synchronize()), 100),
+            ("Clock.flush (read: int32 max)", wall_us(lambda: (clock.flush(), torch.cuda.synchronize()), 100),
              gpu_us(clock.flush)),
-            ("flush fill", wall_us(lambda: (fill(), torch.cuda.synchronize()), 100), gpu_us(fill)),
+            ("fill (Clock.flush wrote it until 2026-12-05)", wall_us(lambda: (fill(), torch.cuda.synchronize()), 100),
+             gpu_us(fill)),
             ("read back: sum into int64 (before 2026-12-05)", wall_us(lambda: (read(), torch.cuda.synchronize()), 100),
              gpu_us(read)),
             ("gelu alone", wall_us(lambda: (gelu(), torch.cuda.synchronize()), 100), gpu_us(gelu)),
@@ -74,7 +75,7 @@ def main() -> None:
     i32 = torch.empty((), dtype=torch.int32, device=dev)
     reads = {"read back: sum as float32": lambda: torch.sum(buf.view(torch.float32), dim=0, out=f32),
              "read back: sum of int64 view": lambda: torch.sum(buf.view(torch.int64), dim=0, out=i64),
-             "read back: amax int32 (Clock.flush)": lambda: torch.amax(buf, dim=0, out=i32),
+             "read back: amax int32": lambda: torch.amax(buf, dim=0, out=i32),
              "read back: amax as float32": lambda: torch.amax(buf.view(torch.float32), dim=0, out=f32)}
     buf.fill_(0)
     rows += [(what, wall_us(lambda r=r: (r(), torch.cuda.synchronize()), 100), gpu_us(r)) for what, r in reads.items()]

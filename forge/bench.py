@@ -2,8 +2,8 @@
 
 Method:
 - warm-up by time (at least `warmup_s`, and three calls) for the candidate and the baseline;
-- before every timed call, the last-level cache is flushed by writing a buffer larger than it
-  (CUDA: 2 x L2, at least 256 MiB, then read back so no dirty lines remain; CPU: 256 MiB);
+- before every timed call, the last-level cache is flushed by a buffer larger than it (CUDA: 2 x L2, at
+  least 256 MiB, read, so that the L2 is left holding clean lines; CPU: 256 MiB written);
 - CUDA: the flush, then a pair of events around the call, all queued without waiting, and
   `torch.cuda.synchronize()` (device-wide) before reading them. The flush kernel keeps the GPU busy
   while the CPU queues the call, so the time is the GPU's, not the launch path's (as in Triton's
@@ -77,16 +77,21 @@ class Clock:
             size = 256 << 20
         self.flush_buf = torch.empty(size // 4, dtype=torch.int32, device=device)
         self.flush_sink = torch.empty((), dtype=torch.int32, device=device)
+        if self.cuda:
+            self.flush_buf.fill_(1)  # read at every flush, written once
 
     def flush(self) -> None:
-        """Evict the cache: write a large buffer, then (CUDA) read it back, so the L2 holds clean lines.
-        A flush that only writes leaves an L2 of dirty lines whose write-back the next kernel pays for
-        (measured on the H200: +1 us on a 16 MB copy, +2.6 us on 64 MB; benchmarks/flush_check.py). The read is
-        an int32 max, at the copy rate: a sum into int64 ran at a fifth of it (on an H100, 475 us against 94 for
-        256 MiB; benchmarks/clock_cost.py), and as every timed call pays it, it was most of a candidate's timing."""
-        self.flush_buf.fill_(1)
+        """Evict the cache. CUDA: read the buffer (an int32 max, at the copy rate), which leaves the L2 holding
+        clean lines of it. A flush that writes leaves dirty lines whose write-back the next kernel pays for
+        (measured on the H200: +1 us on a 16 MB copy, +2.6 us on 64 MB); one that reads times the copies as
+        one that writes and then reads does (7.1 against 7.2 us at 16 MB, 10.9/10.8 at 32, 17.9/17.9 at
+        64, 33.7/32.4 at 128, 125.4/125.5 at 512; benchmarks/flush_check.py, h200.md), at half the cost.
+        Every timed call pays it: a read as a sum into int64 ran at a fifth of the copy rate (475 us on an
+        H100 for 256 MiB) and was most of a candidate's timing (benchmarks/clock_cost.py). CPU: write it."""
         if self.cuda:
             torch.amax(self.flush_buf, dim=0, out=self.flush_sink)
+        else:
+            self.flush_buf.fill_(1)
 
     def time_us(self, fn: Callable[[], object]) -> float:
         """Time one call of fn in microseconds, after a cache flush."""

@@ -8,9 +8,16 @@ stored in a real store (SQLite unless --db says otherwise). At the end the store
 
     python benchmarks/soak.py --n 1000 --json soak.json          # CPU corpus
     python benchmarks/soak.py --device cuda --backend cuda --n 1000   # on a GPU machine
+    python benchmarks/soak.py ... --db soak.db --seconds 500     # in parts: the same command goes on
+
+With `--db` and `--seconds`, a soak stops starting batches after that many seconds (exit 3) and the same
+command on the same database goes on where it stopped (a device call has a time limit; 1000 CUDA candidates,
+with their crashes' worker restarts and hangs' timeouts, take longer). The table is read from the store, so it
+covers every part.
 
 Prints a table (kind, expected status, count, got as expected) and the totals: harness crashes (an
 exception out of the Evaluator), verdicts stored against candidates sent, good candidates accepted.
+Exit 0 when all are as expected, 1 when not, 3 when stopped by `--seconds` before the end.
 """
 
 from __future__ import annotations
@@ -65,6 +72,81 @@ def draw(table: dict[str, tuple[str, str]], n: int, rng: random.Random) -> list[
     return rng.choices(names, weights=[WEIGHT.get(k, 1.0) for k in names], k=n)
 
 
+def open_run(store: Store, args: argparse.Namespace, task: TaskSpec) -> tuple[str, int]:
+    """The soak's run and task in the store: the unfinished one of the same command, or a new one."""
+    config = {"command": "soak", "n": args.n, "seed": args.seed, "backend": args.backend, "batch": args.batch}
+    for run in store.list_runs(state="running"):
+        if run.model == "soak" and run.device == args.device and \
+                {k: run.config.get(k) for k in config} == config:
+            print(f"going on with {run.id}: {run.config.get('next', 0)} of {args.n} sent before", flush=True)
+            return run.id, store.get_tasks(run.id)[0].id
+    run = store.create_run("soak", device=args.device, dtype="float32", policy="manual",
+                           config={**config, "next": 0, "crashes": [], "wall_s": 0.0})
+    t = store.add_task(run.id, task.key, family="activation", count=1, ms=0.0, share=1.0, source=task.source,
+                       meta={})
+    return run.id, t.id
+
+
+def soak(store: Store, run_id: str, task_id: int, task: TaskSpec, args: argparse.Namespace,
+         table: dict[str, tuple[str, str]], order: list[str], cache: Path) -> bool:
+    """Send the batches not sent yet; True when all were, False when `--seconds` stopped it first."""
+    start = time.monotonic()
+    config = dict(store.get_run(run_id).config)
+    before = config["wall_s"]  # of the parts before this one
+    mark = "#" if args.backend == "triton" else "//"
+    with Evaluator(args.device, timeout_s=args.timeout, cache_dir=cache) as ev:
+        for b in range(config["next"], args.n, args.batch):
+            if args.seconds and time.monotonic() - start > args.seconds:
+                return False
+            names = order[b:b + args.batch]
+            cands = [Candidate(args.backend, table[k][1] + f"\n{mark} soak {b + i}\n") for i, k in enumerate(names)]
+            try:
+                results = list(ev.evaluate_many(task, cands))
+            except Exception as e:  # noqa: BLE001 - what the soak counts: the harness itself failing
+                config["crashes"] = [*config["crashes"], f"batch {b}: {type(e).__name__}: {e}"[:300]]
+                results = []
+            for i, (k, c, r) in enumerate(zip(names, cands, results, strict=False)):
+                row = store.add_candidate(task_id, None, backend=c.backend, source=c.source, entry=c.entry,
+                                          knobs={"soak": b + i, "kind": k}, origin="manual", status=r.status.value)
+                store.add_evaluation(row.id, **evaluation_fields(r))
+            config = {**config, "next": b + len(names), "wall_s": before + time.monotonic() - start}
+            store.update_run(run_id, config=config)
+            print(f"{b + len(names)}/{args.n} candidates, {config['wall_s']:.0f} s", flush=True)
+    return True
+
+
+def summary(store: Store, run_id: str, task_id: int, table: dict[str, tuple[str, str]],
+            args: argparse.Namespace) -> tuple[dict, list[dict]]:
+    """The totals and the per-kind rows, read back from the store (every part of the soak)."""
+    config = store.get_run(run_id).config
+    got: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    stored = store.candidates(task_id)
+    verdicts = 0
+    for c in stored:
+        evaluations = store.evaluations(c.id)
+        verdicts += len(evaluations)
+        got[c.knobs["kind"]][evaluations[-1].status if evaluations else "none"] += 1
+    rows = [{"kind": k, "expected": table[k][0], "count": sum(got[k].values()), "as_expected": got[k][table[k][0]],
+             "got": dict(got[k])} for k in sorted(got)]
+    good = next((r for r in rows if r["kind"] == "good"), {"count": 0, "as_expected": 0})
+    return {"candidates": args.n, "sent": config["next"], "harness_crashes": len(config["crashes"]),
+            "crashes": config["crashes"], "stored_candidates": len(stored), "stored_verdicts": verdicts,
+            "good": good["count"], "good_accepted": good["as_expected"], "wall_s": config["wall_s"],
+            "all_as_expected": all(r["as_expected"] == r["count"] for r in rows), **stamp(args.device)}, rows
+
+
+def report(total: dict, rows: list[dict]) -> None:
+    print("\n| kind | expected | count | as expected | got |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['kind']} | {r['expected']} | {r['count']} | {r['as_expected']} | "
+              f"{', '.join(f'{s} {n}' for s, n in r['got'].items())} |")
+    print(f"\n{total['sent']} of {total['candidates']} candidates sent in {total['wall_s']:.0f} s: "
+          f"{total['harness_crashes']} harness crashes, {total['stored_verdicts']} verdicts stored for "
+          f"{total['stored_candidates']} candidates, {total['good_accepted']} of {total['good']} good ones "
+          f"accepted, every kind as expected: {total['all_as_expected']}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
@@ -74,62 +156,28 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=10.0, help="seconds a candidate may run in the worker")
     p.add_argument("--seed", type=int, default=0, help="of the draw (the verification seeds stay secret)")
     p.add_argument("--db", help="SQLAlchemy URL or SQLite path (default: a temporary SQLite file)")
+    p.add_argument("--seconds", type=float, default=0.0,
+                   help="start no batch after this many seconds (exit 3); the same command with --db goes on")
     p.add_argument("--json")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    table, rng = kinds(args.backend), random.Random(args.seed)
-    order = draw(table, args.n, rng)
+    table = kinds(args.backend)
+    order = draw(table, args.n, random.Random(args.seed))
     task = silu_task(args.device)
-    tmp = tempfile.mkdtemp(prefix="forge-soak-")
-    store = Store(args.db or str(Path(tmp) / "soak.db"))
-    run = store.create_run("soak", device=args.device, dtype="float32", policy="manual",
-                           config={"command": "soak", "n": args.n, "seed": args.seed})
-    t = store.add_task(run.id, task.key, family="activation", count=1, ms=0.0, share=1.0, source=task.source,
-                       meta={})
-    got: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    crashes, sent, start = [], 0, time.monotonic()
-    with Evaluator(args.device, timeout_s=args.timeout, cache_dir=Path(tmp) / "cache") as ev:
-        for b in range(0, args.n, args.batch):
-            names = order[b:b + args.batch]
-            mark = "#" if args.backend == "triton" else "//"
-            cands = [Candidate(args.backend, table[k][1] + f"\n{mark} soak {b + i}\n") for i, k in enumerate(names)]
-            sent += len(cands)
-            try:
-                results = list(ev.evaluate_many(task, cands))
-            except Exception as e:  # noqa: BLE001 - what the soak counts: the harness itself failing
-                crashes.append(f"batch {b}: {type(e).__name__}: {e}"[:300])
-                continue
-            for k, c, r in zip(names, cands, results, strict=True):
-                got[k][r.status.value] += 1
-                row = store.add_candidate(t.id, None, backend=c.backend, source=c.source, entry=c.entry,
-                                          origin="manual", status=r.status.value)
-                store.add_evaluation(row.id, **evaluation_fields(r))
-            print(f"{b + len(names)}/{args.n} candidates, {time.monotonic() - start:.0f} s", flush=True)
-    store.update_run(run.id, state="done")
-    stored = store.candidates(t.id)
-    verdicts = sum(len(store.evaluations(c.id)) for c in stored)
-    rows = []
-    for k in sorted(got):
-        want = table[k][0]
-        rows.append({"kind": k, "expected": want, "count": sum(got[k].values()), "as_expected": got[k][want],
-                     "got": dict(got[k])})
-    good = next((r for r in rows if r["kind"] == "good"), {"count": 0, "as_expected": 0})
-    summary = {"candidates": args.n, "sent": sent, "harness_crashes": len(crashes), "crashes": crashes,
-               "stored_candidates": len(stored), "stored_verdicts": verdicts, "good": good["count"],
-               "good_accepted": good["as_expected"], "wall_s": time.monotonic() - start,
-               "all_as_expected": all(r["as_expected"] == r["count"] for r in rows), **stamp(args.device)}
-    print("\n| kind | expected | count | as expected | got |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['kind']} | {r['expected']} | {r['count']} | {r['as_expected']} | "
-              f"{', '.join(f'{s} {n}' for s, n in r['got'].items())} |")
-    print(f"\n{summary['candidates']} candidates in {summary['wall_s']:.0f} s: {summary['harness_crashes']} harness "
-          f"crashes, {summary['stored_verdicts']} verdicts stored for {summary['stored_candidates']} candidates, "
-          f"{summary['good_accepted']} of {summary['good']} good ones accepted, every kind as expected: "
-          f"{summary['all_as_expected']}")
+    tmp = Path(tempfile.mkdtemp(prefix="forge-soak-"))
+    store = Store(args.db or str(tmp / "soak.db"))
+    run_id, task_id = open_run(store, args, task)
+    finished = soak(store, run_id, task_id, task, args, table, order, tmp / "cache")
+    total, rows = summary(store, run_id, task_id, table, args)
+    report(total, rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"summary": summary, "kinds": rows}, indent=1) + "\n")
-    return 0 if not crashes and summary["all_as_expected"] and verdicts == args.n else 1
+        Path(args.json).write_text(json.dumps({"summary": total, "kinds": rows}, indent=1) + "\n")
+    if not finished:
+        print(f"stopped after --seconds {args.seconds:g}: run the same command on the same --db to go on")
+        return 3
+    store.update_run(run_id, state="done")
+    ok = not total["crashes"] and total["all_as_expected"] and total["stored_verdicts"] == args.n
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

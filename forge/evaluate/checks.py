@@ -125,12 +125,12 @@ def check_python(source: str, entry: str = "launch", backend: str = TRITON.name)
     found: list[Finding] = []
     late: list[Finding] = []  # `import torch`: reported after what the module does with it
     jit = _jit_functions(tree, b.kernels)
-    calls = _PY_CALLS | set(b.calls)
     inside_jit: set[ast.AST] = set()
     for f in jit:  # the bodies only: decorator arguments and defaults run in Python (at import, at launch)
         for stmt in f.body:
             inside_jit.update(ast.walk(stmt))
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    allowed = _PY_CALLS | set(b.calls) | defined
     modules = {(a.asname or a.name).split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names
                if (a.asname or a.name).split(".")[0] != "torch"}
     for node in ast.walk(tree):
@@ -149,23 +149,9 @@ def check_python(source: str, entry: str = "launch", backend: str = TRITON.name)
         elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):
             found.append((Status.FORBIDDEN_CODE, f"reaches into `{node.attr}`{where}"))
         elif isinstance(node, ast.Call) and node not in inside_jit:
-            name = _dotted(node.func)
-            if isinstance(node.func, ast.Subscript):  # kernel[grid](...)
-                continue
-            if name in calls or name in defined or name in _PY_FORBIDDEN_NAMES or name == "open":
-                continue  # allowed, or reported where the name itself is visited
-            if isinstance(node.func, ast.Attribute) and node.func.attr in _PY_TENSOR_METHODS:
-                continue
-            if name.startswith("torch.cuda.") and "tream" in name:
-                found.append((Status.FORBIDDEN_CONCURRENCY, f"uses another stream: `{name}(...)`{where}"))
-            elif name.split(".")[0] in modules:  # triton.runtime...os.system(...): not PyTorch, a way out
-                found.append((Status.FORBIDDEN_CODE, f"calls `{name}(...)` outside a kernel{where}"))
-            elif name.startswith("torch.") or isinstance(node.func, ast.Attribute):
-                found.append((Status.FORBIDDEN_TORCH, f"calls `{name or ast.unparse(node.func)}(...)` "
-                              f"outside a kernel (PyTorch compute is not allowed){where}"))
-            else:
-                found.append((Status.FORBIDDEN_CODE, f"calls `{name or ast.unparse(node.func)}(...)` outside "
-                              f"a kernel{where}"))
+            bad = _outside_call(node, allowed, modules, where)
+            if bad is not None:
+                found.append(bad)
     found += _module_shape(tree, b) + _tensor_math_outside_jit(tree, jit) + late
     if "torch" in b.modules:  # kernels of PyTorch ops on tiles: where torch may appear in them
         found += check_tile_kernels(tree, jit, b.kernels)
@@ -174,6 +160,26 @@ def check_python(source: str, entry: str = "launch", backend: str = TRITON.name)
     if not jit:
         found.append((Status.BAD_FORMAT, f"defines no @{b.kernels[0]} kernel"))
     return found
+
+
+def _outside_call(node: ast.Call, allowed: set[str], modules: set[str], where: str) -> Finding | None:
+    """A call outside the kernels' bodies: None when allowed (or reported where its name is visited), else why
+    not (another stream, a module's way out, PyTorch compute, any other code)."""
+    name = _dotted(node.func)
+    if isinstance(node.func, ast.Subscript):  # kernel[grid](...)
+        return None
+    if name in allowed or name in _PY_FORBIDDEN_NAMES or name == "open":
+        return None  # allowed, or reported where the name itself is visited
+    if isinstance(node.func, ast.Attribute) and node.func.attr in _PY_TENSOR_METHODS:
+        return None
+    if name.startswith("torch.cuda.") and "tream" in name:
+        return (Status.FORBIDDEN_CONCURRENCY, f"uses another stream: `{name}(...)`{where}")
+    if name.split(".")[0] in modules:  # triton.runtime...os.system(...): not PyTorch, a way out
+        return (Status.FORBIDDEN_CODE, f"calls `{name}(...)` outside a kernel{where}")
+    if name.startswith("torch.") or isinstance(node.func, ast.Attribute):
+        return (Status.FORBIDDEN_TORCH, f"calls `{name or ast.unparse(node.func)}(...)` outside a kernel "
+                f"(PyTorch compute is not allowed){where}")
+    return (Status.FORBIDDEN_CODE, f"calls `{name or ast.unparse(node.func)}(...)` outside a kernel{where}")
 
 
 def _module_shape(tree: ast.Module, b: Backend) -> list[Finding]:

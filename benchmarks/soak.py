@@ -74,16 +74,18 @@ def draw(table: dict[str, tuple[str, str]], n: int, rng: random.Random) -> list[
 
 def open_run(store: Store, args: argparse.Namespace, task: TaskSpec) -> tuple[str, int]:
     """The soak's run and task in the store: the unfinished one of the same command, or a new one."""
-    config = {"command": "soak", "n": args.n, "seed": args.seed, "backend": args.backend, "batch": args.batch}
-    for run in store.list_runs(state="running"):
-        if run.model == "soak" and run.device == args.device and \
-                {k: run.config.get(k) for k in config} == config:
-            print(f"going on with {run.id}: {run.config.get('next', 0)} of {args.n} sent before", flush=True)
-            return run.id, store.get_tasks(run.id)[0].id
-    run = store.create_run("soak", device=args.device, dtype="float32", policy="manual",
-                           config={**config, "next": 0, "crashes": [], "wall_s": 0.0})
-    t = store.add_task(run.id, task.key, family="activation", count=1, ms=0.0, share=1.0, source=task.source,
-                       meta={})
+    config = {"command": "soak", "n": args.n, "seed": args.seed, "backend": args.backend, "batch": args.batch,
+              "timeout": args.timeout}
+    run = next((r for r in store.list_runs(state="running") if r.model == "soak" and r.device == args.device
+                and {k: r.config.get(k) for k in config} == config), None)
+    if run is not None:
+        print(f"going on with {run.id}: {run.config.get('next', 0)} of {args.n} sent before", flush=True)
+    else:
+        run = store.create_run("soak", device=args.device, dtype="float32", policy="manual",
+                               config={**config, "next": 0, "crashes": [], "wall_s": 0.0})
+    tasks = store.get_tasks(run.id)  # none when a kill came between the two
+    t = tasks[0] if tasks else store.add_task(run.id, task.key, family="activation", count=1, ms=0.0, share=1.0,
+                                              source=task.source, meta={})
     return run.id, t.id
 
 
@@ -120,11 +122,13 @@ def summary(store: Store, run_id: str, task_id: int, table: dict[str, tuple[str,
     """The totals and the per-kind rows, read back from the store (every part of the soak)."""
     config = store.get_run(run_id).config
     got: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    stored = store.candidates(task_id)
+    # by number, the last stored: a part killed after storing some of a batch but before saying so sent
+    # that batch again when the next part began
+    stored = {c.knobs["soak"]: c for c in store.candidates(task_id)}
     verdicts = 0
-    for c in stored:
+    for c in stored.values():
         evaluations = store.evaluations(c.id)
-        verdicts += len(evaluations)
+        verdicts += len(evaluations) > 0
         got[c.knobs["kind"]][evaluations[-1].status if evaluations else "none"] += 1
     rows = [{"kind": k, "expected": table[k][0], "count": sum(got[k].values()), "as_expected": got[k][table[k][0]],
              "got": dict(got[k])} for k in sorted(got)]
@@ -160,6 +164,8 @@ def main() -> int:
                    help="start no batch after this many seconds (exit 3); the same command with --db goes on")
     p.add_argument("--json")
     args = p.parse_args()
+    if args.seconds and not args.db:
+        p.error("--seconds needs --db: a soak in parts goes on in the database it was stored in")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     table = kinds(args.backend)
     order = draw(table, args.n, random.Random(args.seed))

@@ -48,6 +48,35 @@ def gpu_us(fn, calls: int = 50) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
+def queue_us(fn, calls: int = 200) -> float:
+    """Median CPU time to queue one call of fn (no synchronisation around it, the GPU kept busy by a long
+    sleep first so nothing waits): what the flush's GPU time must cover for the clock to see the GPU's time."""
+    per = []
+    for _ in range(calls // 20):
+        torch.cuda._sleep(50_000_000)  # cycles: tens of ms, longer than the 20 calls take to queue
+        for _ in range(20):
+            t0 = time.perf_counter()
+            fn()
+            per.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per)
+
+
+def queue_rows(x: torch.Tensor, gelu) -> list[tuple[str, float, float]]:
+    """CPU queueing time of eager's GELU and of a Triton copy's launch (wall column), set against the flush's
+    GPU time in the table: a path longer than the flush is timed, not hidden."""
+    rows = [("queue: eager gelu", queue_us(gelu), 0.0)]
+    try:
+        from flush_check import triton_copies
+        copy = triton_copies()["triton copy"]
+    except (ImportError, KeyError):
+        return rows
+    y = torch.empty_like(x)
+    copy(x, y)  # compiled
+    return [*rows, ("queue: triton launch (a copy)", queue_us(lambda: copy(x, y)), 0.0),
+            ("queue: empty_like + triton launch", queue_us(lambda: copy(x, torch.empty_like(x))), 0.0)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -70,6 +99,7 @@ def main() -> None:
             ("gelu alone", wall_us(lambda: (gelu(), torch.cuda.synchronize()), 100), gpu_us(gelu)),
             ("time_us(no-op)", wall_us(lambda: clock.time_us(lambda: None), 100), 0.0),
             ("time_us(gelu)", wall_us(lambda: clock.time_us(gelu), 100), 0.0)]
+    rows += queue_rows(x, gelu)
     buf = clock.flush_buf
     f32, i64 = torch.empty((), device=dev), torch.empty((), dtype=torch.int64, device=dev)
     i32 = torch.empty((), dtype=torch.int32, device=dev)

@@ -364,3 +364,33 @@ def test_without_kernels_or_compilation_nothing_is_measured_and_nothing_applies(
 
     best, tried = choose_blockwise(Tower(), [torch.randn(2, 96)], [], "cpu", compile=False)
     assert not best.ok and tried == [best] and best.error
+
+
+@pytest.mark.slow
+def test_blocks_compiled_once_a_kind_with_and_without_kernels_match_eager():
+    from torch._dynamo.utils import counters
+
+    from forge.runtime.variants import Variant, build
+
+    torch.manual_seed(6)
+    model, x = Tower(n=4).eval(), torch.randn(3, 17, 96)
+    arts = _kernels(model, [x])
+    for variant in (Variant(True, (), "inductor", blocks=True), Variant(False, (), "inductor", blocks=True)):
+        torch._dynamo.reset()
+        counters.clear()
+        fn, opt, _ = build(model, [x], arts, variant, "cpu")
+        for _ in range(2):
+            y = torch.randn(3, 17, 96)
+            with torch.no_grad():
+                torch.testing.assert_close(fn(y), model(y))
+        # four blocks of one kind: one compilation for all of them, none again on the second forward
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        opt.check_patched(variant.kernels)
+        hits = {c.hits for c in opt.counters().values()}
+        assert hits == ({8} if variant.kernels else set())  # 2 forwards x 4 blocks, inside the compiled graph
+        assert not opt.model_fallbacks and not opt.block_fallbacks
+    assert [v.name for v in (Variant(True, (), "inductor", blocks=True), Variant(False, (), "inductor", blocks=True))] \
+        == ["kernels, inductor, block-wise", "model, inductor, block-wise"]
+    assert not Variant(False, (), "inductor", blocks=True).own_model
+    with pytest.raises(ValueError, match="block-wise"):
+        Variant(False, (), "graph", blocks=True)

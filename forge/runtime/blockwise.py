@@ -16,6 +16,11 @@ its blocks otherwise then (transformers materialises Qwen 3.5's causal mask whil
 eager passes none).
 
 The glue's kernels (a final norm, the output head) are not applied this way: the glue runs eager.
+
+Compiled block by block (`apply_blockwise(..., compile=True)`): each kind's patched graph (found kernels as the
+opaque op `forge::kernel`, or none) goes through torch.compile once, and every block of the kind calls that
+compilation with its own parameters, where torch.compile of the whole model compiles every block again
+(Qwen 3.5's default-mode compile did not finish in 495 s on an H200).
 """
 
 from __future__ import annotations
@@ -39,11 +44,12 @@ log = logging.getLogger(__name__)
 
 
 class _Patched:
-    """One recorded call of a block and its kind's patched graph, run on this block's own state."""
+    """One recorded call of a block and its kind's patched graph (or that graph compiled: `run`), run on this
+    block's own state."""
 
     def __init__(self, opt: OptimizedModule, template: list[Any], call: Call, out_spec: pytree.TreeSpec,
-                 n_out: int) -> None:
-        self.gm, self.template, self.slots = opt.gm, template, opt._user_slots
+                 n_out: int, run: Callable[..., Any] | None = None) -> None:
+        self.gm, self.template, self.slots = opt.gm if run is None else run, template, opt._user_slots
         leaves, self.spec = pytree.tree_flatten((call.args, call.kwargs))
         self.typed = _typed(leaves)
         self.tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, Spec)]
@@ -179,6 +185,14 @@ class BlockwiseModule(GuardedForward):
         """Block calls that ran the block's own forward (a call unlike the recorded one)."""
         return sum(f.fallbacks for _, f in self._forwards.values())
 
+    def check_patched(self, kernels: bool) -> None:
+        """RuntimeError unless every block ran its kind's graph (and a kernel ran, with `kernels`): a block-wise
+        variant is then what it says."""
+        if self.block_fallbacks or self.model_fallbacks:
+            raise RuntimeError(f"{self.block_fallbacks} block calls and {self.model_fallbacks} forwards ran eager")
+        if kernels and not any(c.hits for c in self.counters().values()):
+            raise RuntimeError("no kernel applies to any block")
+
     def _run(self, *inputs: Any) -> Any:
         with forwards_set(list(self._forwards.values())), torch.no_grad():  # hooks still run
             return self.original(*inputs)
@@ -189,10 +203,14 @@ class BlockwiseModule(GuardedForward):
 
 
 def apply_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact],
-                    strict: bool = False, cuda_graph: bool = False) -> BlockwiseModule | None:
+                    strict: bool = False, cuda_graph: bool = False, compile: bool = False) -> BlockwiseModule | None:
     """`model` with `kernels` applied block by block (module docstring); None where it has no repeated blocks,
     a block's call cannot be recorded as tensors and constants, or a kind cannot run as one graph (it changes
-    state; an input that is not a tensor of each block). Kernels that apply to no block are logged."""
+    state; an input that is not a tensor of each block). Kernels that apply to no block are logged.
+    `compile`: each kind's patched graph compiled by torch.compile (Inductor, its default mode), once for all
+    the blocks of the kind: they call it with their own parameters as arguments, so compilation, like capture,
+    grows with the number of kinds and not with depth (the glue stays eager; `cuda_graph` then replays the
+    whole forward, compiled blocks and glue, as one CUDA graph)."""
     blocks = block_list(model)
     calls = _record(model, inputs, blocks) if blocks else None
     if not calls:
@@ -201,7 +219,7 @@ def apply_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[Ker
     if cuda_graph and any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
         captured = _record(model, inputs, blocks, capturing=True) or []
     try:
-        out = _dispatched(model, inputs, blocks, calls + captured, kernels, strict, cuda_graph, len(calls))
+        out = _dispatched(model, inputs, blocks, calls + captured, kernels, strict, cuda_graph, len(calls), compile)
     except NotDispatchable as e:
         log.info("block-wise dispatch does not apply: %s", e)
         return None
@@ -213,11 +231,14 @@ def apply_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[Ker
 
 def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[str, torch.nn.Module]],
                 calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]], kernels: list[KernelArtifact],
-                strict: bool, cuda_graph: bool, required: int | None = None) -> BlockwiseModule:
-    """apply_blockwise's module, every kind captured and patched once. Calls after the first `required`
-    (default: all required) are patched where they can be and otherwise left to fall back."""
+                strict: bool, cuda_graph: bool, required: int | None = None, compile: bool = False
+                ) -> BlockwiseModule:
+    """apply_blockwise's module, every kind captured and patched once (and compiled once, `compile`). Calls
+    after the first `required` (default: all required) are patched where they can be and otherwise left to
+    fall back."""
     by_path = dict(blocks)
     kinds: dict[str, tuple[OptimizedModule, Capture]] = {}
+    runs: dict[str, Callable[..., Any]] = {}  # per kind: its graph compiled
     forwards: dict[int, tuple[torch.nn.Module, _BlockForward]] = {}
     for i, (path, args, kwargs) in enumerate(calls):
         block = by_path[path]
@@ -231,6 +252,8 @@ def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[st
         try:
             if call.signature not in kinds:
                 kinds[call.signature] = _kind(block, call, kernels, strict)
+                if compile:
+                    runs[call.signature] = torch.compile(kinds[call.signature][0].gm, dynamic=False)
             opt, cap = kinds[call.signature]
             template = _template(cap, block, opt._user_slots, opt._template)
         except (NotDispatchable, UserError) as e:
@@ -238,6 +261,7 @@ def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[st
                 raise
             log.info("a call of %s seen only under CUDA graph capture falls back to eager: %s", path, e)
             continue
-        fwd.calls.append(_Patched(opt, template, call, cap.exported.call_spec.out_spec, cap.user_output_count()))
-    log.info("block-wise dispatch: %d blocks, %d kinds", len(forwards), len(kinds))
+        fwd.calls.append(_Patched(opt, template, call, cap.exported.call_spec.out_spec, cap.user_output_count(),
+                                  runs.get(call.signature)))
+    log.info("block-wise dispatch: %d blocks, %d kinds%s", len(forwards), len(kinds), ", compiled" if compile else "")
     return BlockwiseModule(model, forwards, [k[0] for k in kinds.values()], inputs, cuda_graph)

@@ -319,7 +319,8 @@ def _result(loaded: LoadedModel, store: Store, run: RunRecord, pol: Policy, kern
     deadline = start + budget.seconds * _COMPILE_BY if budget.seconds else None
     finish = start + budget.seconds * _COMPILE_END if budget.seconds else None
     if cap is None:  # captured block-wise: dispatched block-wise
-        best, tried = choose_blockwise(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor)
+        best, tried = choose_blockwise(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor,
+                                       finish=finish)
     else:
         best, tried = choose(loaded.model, loaded.inputs, kernels, loaded.device, compile=inductor,
                              deadline=deadline, finish=finish, cap=cap, ahead=floor)

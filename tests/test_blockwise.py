@@ -394,3 +394,14 @@ def test_blocks_compiled_once_a_kind_with_and_without_kernels_match_eager():
     assert not Variant(False, (), "inductor", blocks=True).own_model
     with pytest.raises(ValueError, match="block-wise"):
         Variant(False, (), "graph", blocks=True)
+
+
+@pytest.mark.slow
+def test_past_the_finish_only_the_model_itself_is_compiled():
+    import time
+
+    from forge.runtime.variants_blocks import choose_blockwise
+
+    torch.manual_seed(7)
+    best, tried = choose_blockwise(Tower().eval(), [torch.randn(2, 96)], [], "cpu", finish=time.monotonic() - 1)
+    assert [m.variant.name for m in tried] == ["model, inductor"] and best.ok

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -11,12 +12,12 @@ from forge.runtime.variants import TRIVIAL, Measured, Variant, first_step, measu
 
 
 def choose_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifact], device: str, *,
-                     compile: bool = True) -> tuple[Measured, list[Measured]]:
+                     compile: bool = True, finish: float | None = None) -> tuple[Measured, list[Measured]]:
     """`choose` for kernels found block-wise (forge.capture.blocks): the kernels dispatched block by block on
     the faster runtime (`first_step`); then compiled by Inductor on the runtime that choice implies: each kind
     of block with its kernels and without (once a kind, forge.runtime.blockwise: seconds where the whole model
-    takes minutes), then the model itself (torch.compile's result, the floor). No whole graph is captured,
-    so no rewrites."""
+    takes minutes) while it is before `finish` (time.monotonic()), then the model itself (torch.compile's
+    result, the floor: always). No whole graph is captured, so no rewrites."""
     cuda = device.startswith("cuda")
     tried: list[Measured] = []
 
@@ -29,9 +30,9 @@ def choose_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[Ke
     if kernels:
         _, runtime = first_step(run, True, cuda, blocks=True)
     if compile:
-        if kernels:
-            run(Variant(True, (), runtime, blocks=True))
-        run(Variant(False, (), runtime, blocks=True))
+        for with_kernels in (True, False) if kernels else (False,):
+            if finish is None or time.monotonic() < finish:
+                run(Variant(with_kernels, (), runtime, blocks=True))
         run(Variant(False, (), runtime))
     if not tried:
         tried.append(_nothing())

@@ -25,6 +25,7 @@ from forge.evaluate.checks import check
 from forge.evaluate.devices import device_arch, device_model
 from forge.evaluate.elfcheck import check_library
 from forge.evaluate.live import call_once
+from forge.evaluate.measured import measure_ahead
 from forge.evaluate.parent import Worker
 from forge.evaluate.pool import Slots, devices_for
 from forge.evaluate.steps import EvalRequest
@@ -144,6 +145,7 @@ class Evaluator(BaseEvaluator):
         self.slots: Slots[int] = Slots(range(len(self.workers)))  # a slot: an index into self.workers
         for _ in self.workers:  # the worker processes start on their slots while the first candidates build
             self.slots.submit(self._start_worker)
+        measure_ahead([w.device for w in self.workers])  # the judge's copy rate, meanwhile
 
     def _start_worker(self, i: int) -> None:
         """Start worker i ahead of its first step; a start that fails is left to that step, which starts it

@@ -4,7 +4,9 @@ a copy the candidate cannot reach: what forge.evaluate.judge holds the worker's 
 
 from __future__ import annotations
 
+import logging
 import random
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -17,6 +19,7 @@ from forge.evaluate.verify import Reference, generator, make_input
 from forge.kernel import TaskSpec, Timing
 
 _SYSTEM = random.SystemRandom()
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,6 +32,7 @@ class _Here:
 
 
 _HERE = _Here({}, {}, {})
+_LOCK = threading.Lock()  # the copy rate may be measured ahead in another thread (measure_ahead)
 
 
 def measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConfig, again: bool = False
@@ -68,7 +72,24 @@ def clock(device: str) -> Clock:
 
 
 def bandwidth(device: str) -> float:
-    """The device's copy rate, measured by this process once (a worker could report any)."""
-    if device not in _HERE.bandwidth:
-        _HERE.bandwidth[device] = measure_bandwidth(device)
-    return _HERE.bandwidth[device]
+    """The device's copy rate, measured by this process once (a worker could report any); a call while
+    `measure_ahead` measures it waits for that measurement."""
+    with _LOCK:
+        if device not in _HERE.bandwidth:
+            _HERE.bandwidth[device] = measure_bandwidth(device)
+        return _HERE.bandwidth[device]
+
+
+def measure_ahead(devices: list[str]) -> None:
+    """Measure the devices' copy rates in a thread of their own now (while the workers start and the first
+    candidates build: on this 2-core CPU 0.85 s of 7 copies of 512 MiB, on a GPU the parent's CUDA start):
+    the judge then finds them measured. The judge asks for the rate before a candidate's timing, so the
+    measurement never runs beside one."""
+    def run() -> None:
+        for d in dict.fromkeys(devices):
+            try:
+                bandwidth(d)
+            except Exception as e:  # noqa: BLE001 - the judge measures it again when it asks, and says why
+                log.warning("the %s copy rate was not measured ahead: %s", d, e)
+
+    threading.Thread(target=run, name="forge-bandwidth", daemon=True).start()

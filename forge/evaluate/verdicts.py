@@ -14,7 +14,7 @@ import torch
 from forge.capture.export import TensorMeta
 from forge.evaluate.mismatch import Mismatch, mismatch
 from forge.kernel import Status
-from forge.tolerance import rel_errors, tolerance
+from forge.tolerance import all_finite, every, everywhere, rel_errors, tolerance
 
 if TYPE_CHECKING:
     from forge.evaluate.verify import Guarded
@@ -41,7 +41,7 @@ def judge_output(name: str, o: Guarded, eager: torch.Tensor, high: torch.Tensor,
     if not o.guards_intact():
         return Verdict(Status.OUT_OF_BOUNDS, f"{name}: wrote outside the output buffer")
     out = o.tensor
-    left = o.poisoned() & finite
+    left = o.poisoned() if every(finite) else o.poisoned() & finite
     if left.any():
         return Verdict(Status.PARTIAL_WRITE, f"{name}: {int(left.sum())} of {meta.numel} elements never written")
     bad = nonfinite(name, out, finite)
@@ -71,6 +71,8 @@ def with_mismatch(bad: Verdict | None, i: int, out: torch.Tensor, ref: torch.Ten
 def stale(out: torch.Tensor, eager: torch.Tensor, finite: torch.Tensor, out_prev: torch.Tensor,
            eager_prev: torch.Tensor, finite_prev: torch.Tensor) -> bool:
     """The output equals the previous set's where both sets are judged, while eager's differ there."""
+    if every(finite) and every(finite_prev):  # the usual case: every element judged in both sets
+        return torch.equal(out, out_prev) and not torch.equal(eager, eager_prev)
     both = finite & finite_prev
     if not both.any() or ((out != out_prev) & both).any():
         return False
@@ -80,6 +82,9 @@ def stale(out: torch.Tensor, eager: torch.Tensor, finite: torch.Tensor, out_prev
 def _span(t: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(min, max) of t over mask (integer and boolean outputs are judged everywhere)."""
     if t.is_floating_point():
+        if every(mask):  # the usual case: one pass
+            lo, hi = torch.aminmax(t)
+            return lo, hi
         return torch.where(mask, t, float("inf")).min(), torch.where(mask, t, float("-inf")).max()
     t = t.to(torch.int64)
     return t.min(), t.max()
@@ -87,7 +92,7 @@ def _span(t: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 def constant(out: torch.Tensor, eager: torch.Tensor, finite: torch.Tensor) -> bool:
     """Every judged element of the output is the same value, and eager's are not."""
-    if int(finite.sum()) <= 1:
+    if finite.numel() <= 1 or (not every(finite) and int(finite.sum()) <= 1):
         return False
     lo, hi = _span(out, finite)
     if bool(lo != hi):
@@ -100,14 +105,18 @@ def judged(eager: torch.Tensor, high: torch.Tensor, dtype: torch.dtype) -> torch
     """Where an output is judged: where the higher-precision reference (in the output dtype) and eager's
     own result are finite (a kernel as exact as eager passes even where eager overflows)."""
     if not high.is_floating_point():
-        return torch.ones_like(high, dtype=torch.bool)
+        return everywhere(high)
     hi = high.to(dtype) if high.dtype != dtype else high
+    if all_finite(hi) and all_finite(eager):  # the usual case: told by two sums, the mask made at no cost
+        return everywhere(high)
     return torch.isfinite(hi) & torch.isfinite(eager)
 
 
 def nonfinite(name: str, out: torch.Tensor, finite: torch.Tensor) -> Verdict | None:
     """A `nonfinite` verdict where the output has NaN/Inf at a judged element, else None."""
     if out.is_floating_point():
+        if all_finite(out):  # the usual case: by its sum
+            return None
         bad = ~torch.isfinite(out) & finite
         if bad.any():
             return Verdict(Status.NONFINITE, f"{name}: {int(bad.sum())} NaN/Inf where the reference is finite")

@@ -281,8 +281,9 @@ def _judge_set(k: int, inputs: list[torch.Tensor], mine: list[torch.Tensor], out
 
 def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
            outputs_meta: tuple[TensorMeta, ...], device: str, seed: int, settle_s: float = 0.0,
-           finite_fill: bool = False) -> Verdict:
-    """Run the candidate on the SETS fresh input sets and judge every output; see the module docstring.
+           finite_fill: bool = False, kinds: tuple[int, ...] = tuple(range(SETS))) -> Verdict:
+    """Run the candidate on fresh input sets of the `kinds` (indices into the SETS: the scales, then the hard
+    values; all by default) and judge every output; see the module docstring.
     `settle_s`: every set placed at once, each output snapshot as its call returned, and once `settle_s` has
     passed after the last call, an output that changed since fails (work left running on a thread or stream
     after a call returned): one wait for all the sets (one a set, each placed alone, where all of them would
@@ -291,8 +292,9 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
     detail: dict[str, Any] = {"sets": []}
     # An index output (argmax, a sort) must equal eager's, and the hard values are full of ties (zeros; the
     # overflow edge in half precision) that a right kernel may break another way: such tasks skip that set.
-    sets = len(SCALES) if any(not m.torch_dtype.is_floating_point and m.torch_dtype != torch.bool
-                              for m in outputs_meta) else SETS
+    index = any(not m.torch_dtype.is_floating_point and m.torch_dtype != torch.bool for m in outputs_meta)
+    ks = [k for k in kinds if not (index and k == len(SCALES))]
+    sets = len(ks)
     sizes = [(Guarded.size(m), m.torch_dtype) for m in outputs_meta]
     n_in, n_out = len(inputs_meta), len(outputs_meta)
     call_bytes = sum(m.nbytes for m in inputs_meta) + sum(n * d.itemsize for n, d in sizes)
@@ -301,14 +303,14 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
     watched: list[tuple[int, list[Guarded], list[torch.Tensor]]] = []
     previous = None
     returned = time.perf_counter()
-    for k in range(sets):
+    for at, k in enumerate(ks):
         gen = generator(device, seed * 1000 + k)
         flats = [make_flat(m, k, gen, device, j in ref.signed, ref.domains.get(j, ""))
                  for j, m in enumerate(inputs_meta)]
         mine = [f.as_strided(m.shape, m.stride) for f, m in zip(flats, inputs_meta, strict=True)]  # never shared
         eager, high = ref(mine)
         inputs, bufs = target.place(inputs_meta, sizes) if every is None else \
-            (every[0][k * n_in:(k + 1) * n_in], every[1][k * n_out:(k + 1) * n_out])
+            (every[0][at * n_in:(at + 1) * n_in], every[1][at * n_out:(at + 1) * n_out])
         for view, flat in zip(inputs, flats, strict=True):
             fill(view, flat)
         outs = [Guarded(m, device, finite_fill, b) for m, b in zip(outputs_meta, bufs, strict=True)]
@@ -318,7 +320,7 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
             watched = [*watched, (k, outs, [o.raw.clone() for o in outs])] if together else \
                 [(k, outs, [o.raw.clone() for o in outs])]  # placed alone: the next set reuses its place
         bad, ref_now = _judge_set(k, inputs, mine, outs, eager, high, outputs_meta, previous, detail)
-        if bad is not None or k == sets - 1 or (settle_s and not together):
+        if bad is not None or at == sets - 1 or (settle_s and not together):
             changed = _first_changed(watched, settle_s, returned, target.sync) if settle_s else None
             if changed is not None:
                 return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {changed}: an output changed after the call "

@@ -74,9 +74,15 @@ def clock(device: str) -> Clock:
 def bandwidth(device: str) -> float:
     """The device's copy rate, measured by this process once (a worker could report any); a call while
     `measure_ahead` measures it waits for that measurement."""
+    if device in _HERE.bandwidth:  # measured: no wait on another device's measurement
+        return _HERE.bandwidth[device]
     with _LOCK:
         if device not in _HERE.bandwidth:
-            _HERE.bandwidth[device] = measure_bandwidth(device)
+            if device.startswith("cuda"):  # its events and synchronisations on that GPU, in any thread
+                with torch.cuda.device(device):
+                    _HERE.bandwidth[device] = measure_bandwidth(device)
+            else:
+                _HERE.bandwidth[device] = measure_bandwidth(device)
         return _HERE.bandwidth[device]
 
 

@@ -252,7 +252,8 @@ def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[st
         try:
             if call.signature not in kinds:
                 kinds[call.signature] = _kind(block, call, kernels, strict)
-                if compile:
+                if compile and (required is None or i < required):  # a kind seen only under capture would
+                    # compile on its first call, inside the capture: it runs its patched graph uncompiled
                     runs[call.signature] = torch.compile(kinds[call.signature][0].gm, dynamic=False)
             opt, cap = kinds[call.signature]
             template = _template(cap, block, opt._user_slots, opt._template)

@@ -215,7 +215,8 @@ def measure(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtif
         if need and not sites.get(need):
             return Measured(variant, 0.0, 0.0, False, float("inf"), None, sites, f"{need}: nothing to rewrite"), None
         eager_ms, ms = interleaved_ms(lambda: model(*inputs), lambda: fn(*inputs), device)
-        if variant.runtime == "cuda-graph" and opt is not None and not opt.cuda_graph:
+        replayed = variant.runtime == "cuda-graph" or (variant.blocks and variant.runtime == "inductor-cuda-graph")
+        if replayed and opt is not None and not opt.cuda_graph:  # forge's own graph: it must have been captured
             raise RuntimeError(f"not capturable as a CUDA graph: {opt.graph_error}")
         match, err = outputs_match(model, fn, fresh_inputs(inputs))
         peak = _peak_ratio(fn, model, inputs, base)

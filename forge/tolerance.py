@@ -96,8 +96,8 @@ def rel_errors(outs: list[torch.Tensor], ref: torch.Tensor, mask: torch.Tensor) 
     # in units of the scale: |r| + scale would overflow float32 near its largest values (an error of 0)
     inv = (1.0 / scale).to(wide)
     per = inv / (ra * inv + 1.0)  # 1 / (|r| + scale), made without |r| + scale (at most n + 1 in its units)
-    errs = [(o.to(wide) - r).abs_().mul_(per).amax() if whole else
-            torch.where(mask, (o.to(wide) - r).abs_().mul_(per), 0.0).amax() for o in outs]
+    diffs = [(o.to(wide) - r).abs_().mul_(per) for o in outs]
+    errs = [(d if whole else torch.where(mask, d, 0.0)).amax() for d in diffs]
     return torch.stack(errs).tolist()
 
 

@@ -16,8 +16,9 @@ floor's bandwidth, and a clock the candidate cannot reach. One evaluation:
    measured here, plus SLACK_US); on a disagreement the candidate is timed and checked again, a second is
    `forbidden_timer`. A claimed eager time over EAGER_RATIO times eager's as timed here (plus SLACK_US) is
    replaced by this process's measurement;
-5. verification again on the SETS from a secret seed, outputs pre-filled with finite values, each watched
-   from its call's return until a moment after the last call returned; then the roofline floor.
+5. verification again from a secret seed on the hard values and one of the scales drawn here (`late_kinds`),
+   outputs pre-filled with finite values, each watched from its call's return until a moment after the last
+   call returned; then the roofline floor.
 """
 
 from __future__ import annotations
@@ -55,9 +56,17 @@ SPLIT = 3  # batches: the least disturbed one counts
 MIN_ROUNDS = 2  # a batch's rounds at least (more for calls shorter than BATCH_S / SPLIT)
 ALLOWANCE_S = 0.002  # the step's own round trip (pipe, mapping the arena)
 # Verified before timing on N(0,1) and the hard values (what most wrong kernels fail, before the timing is
-# spent on them); after it, on all the SETS from a secret seed.
+# spent on them); after it, on the hard values again and one scale drawn at random (late_kinds).
 FIRST = (0, SETS - 1)
 _SYSTEM = random.SystemRandom()
+
+
+def late_kinds() -> tuple[int, int]:
+    """The sets verified after timing: one of the scales, drawn from the system's random source (a kernel cannot
+    tell which it will be), and the hard values, whose mixture holds every scale's magnitudes and the edges
+    (two sets, not all four: each set is an input draw, a reference, a call and a judgment, about a tenth of a
+    candidate's judging on the CPU; benchmarks/results/cpu-throughput.md)."""
+    return _SYSTEM.randrange(SETS - 1), SETS - 1
 log = logging.getLogger(__name__)
 
 
@@ -204,7 +213,7 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         # the timed calls, into outputs holding finite values (not the NaN poison a kernel could look for),
         # each output watched for a moment after its call returned.
         late = verify(remote, ref, task.inputs, task.outputs, device, _SYSTEM.getrandbits(40), settle_s=0.02,
-                      finite_fill=True)
+                      finite_fill=True, kinds=late_kinds())
         if late.status is not Status.OK:
             return result(late.status, f"after timing: {late.message}", verify=detail)
         lap("late")

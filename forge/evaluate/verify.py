@@ -15,8 +15,8 @@ Method (docs/verification.md):
 - NaN or Inf where the reference and eager are finite fails; the same output for different inputs (a cached
   result) fails; a constant output where the reference is not constant fails;
 - timed calls are judged at random (forge.evaluate.spotcheck); after timing, the judge verifies once more on the
-  SETS from a new secret seed, each set in its own place, every output watched from its call's return until a
-  moment after the last call returned.
+  hard values and a scale drawn at random, from a new secret seed, each set in its own place, every output
+  watched from its call's return until a moment after the last call returned.
 The candidate runs in a worker (a `Target`); inputs and outputs are shared with it (forge.evaluate.arena), while the
 inputs the reference reads, the copies they are compared with and every verdict stay in this process.
 """
@@ -161,14 +161,17 @@ def make_flat(meta: TensorMeta, k: int, gen: torch.Generator, device: str, signe
 def _hard(n: int, dtype: torch.dtype, wide: torch.dtype, gen: torch.Generator) -> torch.Tensor:
     """The values naive kernels get wrong, mixed at random: an eighth zeros, an eighth within a few units of
     where exp overflows in `dtype` (ln of its largest value: about 88.7 for float32 and bfloat16, 11.1 for
-    float16), either sign, an eighth of magnitude 64 to 1024, either sign, the rest 3*N(0,1)."""
+    float16), either sign, an eighth of magnitude 64 to 1024, either sign, the rest 3*N(0,1). Two draws: one
+    uniform gives the kind (its eighth), the sign (the half of that) and the magnitude (the rest)."""
     dev = gen.device
     x = torch.randn(n, generator=gen, dtype=wide, device=dev) * 3
-    kind = torch.randint(0, 8, (n,), generator=gen, device=dev)
-    u = torch.rand(n, generator=gen, dtype=wide, device=dev)
-    sign = torch.where(torch.rand(n, generator=gen, dtype=wide, device=dev) < 0.5, -1.0, 1.0).to(wide)
+    r = torch.rand(n, generator=gen, dtype=wide, device=dev) * 8
+    kind = r.floor()
+    u = (r - kind) * 2
+    half = u.floor()
+    sign, u = 1 - 2 * half, u - half
     edge = math.log(torch.finfo(dtype).max)
-    x = torch.where(kind == 0, torch.zeros_like(x), x)
+    x = torch.where(kind == 0, 0.0, x)
     x = torch.where(kind == 1, sign * (edge - 3 + 4 * u), x)
     return torch.where(kind == 2, sign * (64 + 960 * u), x)
 

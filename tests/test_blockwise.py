@@ -378,7 +378,8 @@ def test_blocks_compiled_once_a_kind_with_and_without_kernels_match_eager():
     for variant in (Variant(True, (), "inductor", blocks=True), Variant(False, (), "inductor", blocks=True)):
         torch._dynamo.reset()
         counters.clear()
-        fn, opt, _ = build(model, [x], arts, variant, "cpu")
+        fn, opt, sites = build(model, [x], arts, variant, "cpu")
+        assert sites == {"blocks": 4, "kinds": 1}
         for _ in range(2):
             y = torch.randn(3, 17, 96)
             with torch.no_grad():
@@ -405,3 +406,19 @@ def test_past_the_finish_only_the_model_itself_is_compiled():
     torch.manual_seed(7)
     best, tried = choose_blockwise(Tower().eval(), [torch.randn(2, 96)], [], "cpu", finish=time.monotonic() - 1)
     assert [m.variant.name for m in tried] == ["model, inductor"] and best.ok
+
+
+def test_the_model_itself_is_compiled_too_only_where_its_compilation_is_expected_to_fit():
+    import time
+
+    from forge.runtime.variants import Measured, Variant
+    from forge.runtime.variants_blocks import whole_fits
+
+    plain = Variant(False, (), "inductor-cuda-graph", blocks=True)
+    ok = Measured(plain, 130.0, 37.0, True, 0.01, 1.0, {"blocks": 24, "kinds": 2})
+    failed = Measured(plain, 0.0, 0.0, False, float("inf"), None, {}, "RuntimeError: not capturable")
+    now = time.monotonic()
+    # 24 blocks of 2 kinds whose compilation took 30 s: about 360 s for the whole model
+    assert not whole_fits((ok, 30.0), now + 300) and whole_fits((ok, 30.0), now + 400)
+    # the floor wherever the blocks compiled without kernels are not there to stand in for it
+    assert whole_fits((failed, 30.0), now + 1) and whole_fits(None, now + 1) and whole_fits((ok, 30.0), None)

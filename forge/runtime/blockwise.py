@@ -181,6 +181,16 @@ class BlockwiseModule(GuardedForward):
         self._forwards, self._kinds = forwards, kinds
 
     @property
+    def blocks(self) -> int:
+        """The blocks dispatched."""
+        return len(self._forwards)
+
+    @property
+    def kinds(self) -> int:
+        """Their kinds (one patched graph, compiled once, each)."""
+        return len(self._kinds)
+
+    @property
     def block_fallbacks(self) -> int:
         """Block calls that ran the block's own forward (a call unlike the recorded one)."""
         return sum(f.fallbacks for _, f in self._forwards.values())

@@ -120,7 +120,7 @@ class Measured:
     match: bool
     max_rel_err: float
     peak_mem_ratio: float | None  # peak device memory of a forward over eager's (CUDA only)
-    sites: dict[str, int] = field(default_factory=dict)  # rewrites: sites rewritten
+    sites: dict[str, int] = field(default_factory=dict)  # rewrites: sites rewritten; block-wise: blocks, kinds
     error: str = ""
     fell: tuple[str, ...] = ()  # task keys of kernels that fell back to eager (the variant then failed)
 
@@ -153,7 +153,7 @@ def build(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifac
                              cuda_graph=variant.runtime in ("cuda-graph", "inductor-cuda-graph"))
         if bw is None:
             raise RuntimeError("the model has no repeated blocks to dispatch block-wise")
-        return ForgeModel(bw, model, bw, None, derived=False), bw, {}
+        return ForgeModel(bw, model, bw, None, derived=False), bw, {"blocks": bw.blocks, "kinds": bw.kinds}
     if variant.own_model:  # nothing of forge's in it: the model itself, as torch.compile(model) would (the
         # captured graph, with parameters as inputs, compiled measurably slower than that on some CPU problems);
         # Dynamo's guards see a replaced parameter

@@ -47,6 +47,8 @@ def helion_exported(tmp_path_factory):
         helion = helion_kernels.candidate(spec, HelionRowKnobs(rows=16) if rows else HelionKnobs(16384, 8))
         triton = triton_kernels.candidate(spec, TritonRowKnobs() if rows else TritonKnobs())
         task = store.add_task(rec.id, k.key, source=k.source)
+        # the root the search records first (forge.store.recorder): the reference, no form of a kernel
+        store.add_candidate(task.id, None, backend="eager", source=k.source, origin="baseline", status="ok")
         store.add_candidate(task.id, backend="cpu", source=k.kernel_source, status="ok", reward=2.0)
         store.add_candidate(task.id, backend="helion", source=helion.source, entry="launch", status="ok", reward=1.5)
         store.add_candidate(task.id, backend="triton", source=triton.source, entry="launch", status="ok", reward=1.0)

@@ -112,8 +112,9 @@ def python_forms(store: Store, run_id: str, kernels: list[KernelArtifact]) -> li
     for k in kernels:
         if not BACKENDS[k.backend].native or k.key not in tasks:
             continue
-        ok = [c for c in store.candidates(tasks[k.key].id) if not BACKENDS[c.backend].native and c.status == "ok"
-              and all(e.status == "ok" for e in store.evaluations(c.id))]  # a re-timing found none wrong
+        # the task's root (backend "eager": the reference the search started from) is no form of a kernel
+        ok = [c for c in store.candidates(tasks[k.key].id) if c.backend in BACKENDS and not BACKENDS[c.backend].native
+              and c.status == "ok" and all(e.status == "ok" for e in store.evaluations(c.id))]  # none found wrong
         if ok:
             best = max(ok, key=lambda c: (c.reward if c.reward is not None else float("-inf"), -c.id))
             out.append(dataclasses.replace(k, backend=best.backend, path="", entry=best.entry,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the device (issue 13 item 2): CUDA workers under the sandbox CPU workers have, switched on by
-# FORGE_CUDA_SANDBOX=1 (a network namespace; a CUDA worker keeps forge's user: CUDA IPC fails under another) and
+# FORGE_CUDA_SANDBOX=1 (a network namespace, the default since 2026-12-06; a CUDA worker keeps forge's user: CUDA
+# IPC fails under another) and
 # FORGE_CUDA_SECCOMP=1 (the seccomp filter; Triton candidates are then refused). What it prints: the worker's
 # state; the CUDA corpus with both on (every test passed); the Triton corpus with the namespace and the user
 # only (passed); the recipe kernels' throughput off and on (on within 20% of off, the same statuses). Carry
@@ -20,7 +21,7 @@ SECCOMP=0 on timeout "${TESTS_LIMIT:-300}" python3 -u -m pytest -v -m cuda tests
   -p no:cacheprovider >"$OUT/sandbox-triton.log" 2>&1
 echo "triton corpus, sandbox only: exit $?"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/sandbox-triton.log" | tail -n 20
 for mode in off on; do
-  if [ $mode = on ]; then run=on; else run=env; fi
+  if [ $mode = on ]; then run=on; else run="env FORGE_CUDA_SANDBOX=0 FORGE_CUDA_SECCOMP=0"; fi
   $run timeout 150 python3 benchmarks/eval_throughput.py --device cuda --n 54 --recipes >"$OUT/throughput-$mode.log" 2>&1
   echo "throughput, sandbox $mode: exit $?"; tail -n 5 "$OUT/throughput-$mode.log"
 done

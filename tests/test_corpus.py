@@ -411,12 +411,29 @@ def test_a_root_worker_has_no_network(spec: TaskSpec, tmp_path: Path) -> None:
         assert Path(f"/proc/{w.proc.pid}/net/route").read_text().splitlines()[1:] == []  # no route anywhere
 
 
+def test_a_cuda_worker_gets_the_network_namespace_by_default_and_the_filter_on_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA worker's sandbox settings (nothing started: no GPU needed): the namespace unless
+    FORGE_CUDA_SANDBOX=0, the seccomp filter only with FORGE_CUDA_SECCOMP=1 (it refuses Triton candidates)."""
+    from forge.evaluate.parent import Worker
+
+    monkeypatch.delenv("FORGE_CUDA_SANDBOX", raising=False)
+    monkeypatch.delenv("FORGE_CUDA_SECCOMP", raising=False)
+    w = Worker("cuda")
+    assert w.isolate_network and not w.confined
+    monkeypatch.setenv("FORGE_CUDA_SANDBOX", "0")
+    monkeypatch.setenv("FORGE_CUDA_SECCOMP", "1")
+    w = Worker("cuda")
+    assert not w.isolate_network and w.confined
+    assert Worker("cpu").isolate_network and Worker("cpu").confined  # the CPU worker's, whatever the variables say
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="a network namespace needs root")
 @pytest.mark.parametrize("name", ["cuda/good.cu", "triton/good.py", "cuda/wrong_result.cu"])
 def test_a_cuda_worker_in_its_own_network_namespace_judges_as_before(name: str, spec: TaskSpec, tmp_path: Path) -> None:
-    """What must hold before CUDA workers get a network namespace by default: CUDA, Triton and the CUDA IPC
-    arena work inside one."""
+    """What holds since CUDA workers get a network namespace by default: CUDA, Triton and the CUDA IPC arena
+    work inside one (on an H200 at 4288f8d all three passed)."""
     from forge.evaluate.parent import Worker
 
     with Evaluator("cuda", timeout_s=60, cache_dir=tmp_path) as ev:

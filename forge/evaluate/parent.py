@@ -94,15 +94,16 @@ class Worker:
         """`confined`: the worker installs forge.evaluate.confine's seccomp filter. `own_network`: a network
         namespace of its own when forge runs as root (forge.evaluate.sandbox.limits). `unprivileged`: when
         forge runs as root, the worker gives up root for FORGE_WORKER_USER (forge.evaluate.privilege). Each
-        defaults to on for a CPU worker; a CUDA worker gets the namespace with FORGE_CUDA_SANDBOX=1 and the
-        filter with FORGE_CUDA_SECCOMP=1 (off by default; with both, the CUDA corpus kernels tried were judged
-        as without them on an H200, 2026-12-04, benchmarks/h200_sandbox.sh; a confined CUDA worker refuses
-        Triton candidates, whose compiler is a program it would start). A CUDA worker keeps forge's user: under
+        defaults to on for a CPU worker; a CUDA worker gets the namespace too unless FORGE_CUDA_SANDBOX=0 (with
+        it and the filter the CUDA corpus passed, 33 tests, and the recipe kernels' throughput was 221.5 a
+        minute against 224-235 without, on an H100 on 2026-12-06), and the filter only with
+        FORGE_CUDA_SECCOMP=1 (a confined CUDA worker refuses Triton candidates, whose compiler is a program it
+        would start). A CUDA worker keeps forge's user: under
         another it cannot map forge's CUDA IPC arenas ("mapping of buffer object failed" on every candidate).
         `program`: what Python runs (tests run a worker a candidate has taken over). `triton_cache`: a
         subfolder of Triton's cache that is this worker's own (one per GPU of a pool)."""
         cuda = device.startswith("cuda")
-        sandbox = not cuda or os.environ.get("FORGE_CUDA_SANDBOX") == "1"
+        sandbox = not cuda or os.environ.get("FORGE_CUDA_SANDBOX", "1") != "0"
         self.triton_cache = triton_cache
         self.program = program
         self.isolate_network = sandbox if own_network is None else own_network

@@ -6,8 +6,8 @@ reads and the copies inputs are compared with, the reference in higher precision
 floor's bandwidth, and a clock the candidate cannot reach. One evaluation:
 1. `Load`, then verification on two of the SETS (FIRST: N(0,1) and the hard values) from the request's seed
    (forge.evaluate.verify);
-2. called twice on the same buffers, new inputs and random outputs in between: work skipped on a repeated
-   call (or a result kept by pointer);
+2. called twice on the same buffers, on the two other SETS (REPEATED), new inputs and random outputs in
+   between, both calls judged: work skipped on a repeated call (or a result kept by pointer);
 3. `Time`: the worker times candidate and eager interleaved with its clock, inputs perturbed every round,
    random timed calls kept; the judge compares the kept calls with the reference;
 4. the cross-check of the worker's clock: batches of rounds, perturbed and kept like the timed ones, timed
@@ -16,9 +16,8 @@ floor's bandwidth, and a clock the candidate cannot reach. One evaluation:
    measured here, plus SLACK_US); on a disagreement the candidate is timed and checked again, a second is
    `forbidden_timer`. A claimed eager time over EAGER_RATIO times eager's as timed here (plus SLACK_US) is
    replaced by this process's measurement;
-5. verification again from a secret seed on the hard values and one of the scales drawn here (`late_kinds`),
-   outputs pre-filled with finite values, each watched from its call's return until a moment after the last
-   call returned; then the roofline floor.
+5. verification again on FIRST's sets from a secret seed, outputs pre-filled with finite values, each watched
+   from its call's return until a moment after the last call returned; then the roofline floor.
 """
 
 from __future__ import annotations
@@ -56,17 +55,13 @@ SPLIT = 3  # batches: the least disturbed one counts
 MIN_ROUNDS = 2  # a batch's rounds at least (more for calls shorter than BATCH_S / SPLIT)
 ALLOWANCE_S = 0.002  # the step's own round trip (pipe, mapping the arena)
 # Verified before timing on N(0,1) and the hard values (what most wrong kernels fail, before the timing is
-# spent on them); after it, on the hard values again and one scale drawn at random (late_kinds).
+# spent on them), and after it on the same two from a secret seed: N(0,1) as the timed calls' inputs are (a
+# kernel cannot tell the check after timing from a timed call by its values), the hard values for the edges.
+# The two other scales are the repeated call's two calls (REPEATED), judged too: every set, every evaluation.
 FIRST = (0, SETS - 1)
+REPEATED = (1, 2)
 _SYSTEM = random.SystemRandom()
 
-
-def late_kinds() -> tuple[int, int]:
-    """The sets verified after timing: one of the scales, drawn from the system's random source (a kernel cannot
-    tell which it will be), and the hard values, whose mixture holds every scale's magnitudes and the edges
-    (two sets, not all four: each set is an input draw, a reference, a call and a judgment, about a tenth of a
-    candidate's judging on the CPU; benchmarks/results/cpu-throughput.md)."""
-    return _SYSTEM.randrange(SETS - 1), SETS - 1
 log = logging.getLogger(__name__)
 
 
@@ -209,11 +204,11 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         timing, baseline = _checked_timing(remote, ref, task, device, req, detail, lap)
         baseline, detail = _eager_check(ref, task, device, baseline, req.bench, detail)
         lap("eager")
-        # The calls judged are not only the first ones: the sets again, from a seed drawn here, after all
+        # The calls judged are not only the first ones: FIRST's sets again, from a seed drawn here, after all
         # the timed calls, into outputs holding finite values (not the NaN poison a kernel could look for),
         # each output watched for a moment after its call returned.
         late = verify(remote, ref, task.inputs, task.outputs, device, _SYSTEM.getrandbits(40), settle_s=0.02,
-                      finite_fill=True, kinds=late_kinds())
+                      finite_fill=True, kinds=FIRST)
         if late.status is not Status.OK:
             return result(late.status, f"after timing: {late.message}", verify=detail)
         lap("late")
@@ -271,35 +266,50 @@ def _inputs(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: i
 
 
 def _skips_repeats(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int) -> Verdict | None:
-    """Called twice on the same buffers, the inputs rewritten with new values and the outputs with random
-    finite ones in between (no poison to look for): a kernel that skips work on a repeated call, or keeps a
-    result keyed on the pointers (the allocator often hands a dispatched kernel the same addresses), is a
-    `stale_result` (most judged elements as the first call or the fill left them), one wrong otherwise gets
-    its own status; None if right."""
-    placed, bufs, _ = _inputs(remote, ref, task, device, seed, [(m.numel, m.torch_dtype) for m in task.outputs])
+    """Called twice on the same buffers, on the REPEATED sets (the scales the verifications leave out), the
+    inputs rewritten and the outputs filled with random finite values before each call (no poison to look for),
+    both calls judged: a kernel that skips work on a repeated call, or keeps a result keyed on the pointers (the
+    allocator often hands a dispatched kernel the same addresses), is a `stale_result` (most judged elements
+    as the first call or the fill left them), one wrong otherwise gets its own status; None if right."""
+    placed, bufs = remote.place(task.inputs, [(m.numel, m.torch_dtype) for m in task.outputs])
     outputs = [output_view(b, m) for b, m in zip(bufs, task.outputs, strict=True)]
-    remote.call(placed, outputs)
-    first = [o.clone() for o in outputs]
-    gen = generator(device, seed * 1000 + 8)
-    flats = [make_flat(m, 1, gen, device, j in ref.signed, ref.domains.get(j, "")) for j, m in enumerate(task.inputs)]
-    for view, flat in zip(placed, flats, strict=True):
-        fill(view, flat)
     scramble = generator(device, _SYSTEM.getrandbits(63))
-    for o in outputs:
-        o.copy_(random_like(o, scramble))
-    filled = [o.clone() for o in outputs]
-    remote.call(placed, outputs)
+    first: list[torch.Tensor] = []  # the first call's outputs, when judging the second
+    for call, k in enumerate(REPEATED):
+        gen = generator(device, seed * 1000 + 7 + call)
+        flats = [make_flat(m, k, gen, device, j in ref.signed, ref.domains.get(j, ""))
+                 for j, m in enumerate(task.inputs)]
+        for view, flat in zip(placed, flats, strict=True):
+            fill(view, flat)
+        for o in outputs:
+            o.copy_(random_like(o, scramble))
+        filled = [o.clone() for o in outputs]
+        remote.call(placed, outputs)
+        bad = _judge_repeat(ref, task, flats, outputs, filled, first)
+        if bad is not None:
+            return bad
+        first = [o.clone() for o in outputs]
+    return None
+
+
+def _judge_repeat(ref: Reference, task: TaskSpec, flats: list[torch.Tensor], outputs: list[torch.Tensor],
+                  filled: list[torch.Tensor], first: list[torch.Tensor]) -> Verdict | None:
+    """One of `_skips_repeats`' calls judged against the reference on its inputs (`flats`): a wrong output mostly
+    as the fill left it, or the first call (`first`: its outputs, on the second call), is stale. The first call
+    too may be a repeated one: the verification before it placed its last set at the same addresses."""
     eager, high = ref([f.as_strided(m.shape, m.stride) for f, m in zip(flats, task.inputs, strict=True)])
+    where = "called again on the same buffers with new inputs" if first else "called on buffers of random values"
     for i, (o, e, h, m) in enumerate(zip(outputs, eager, high, task.outputs, strict=True)):
         name, finite = f"output {i} ({m.short()})", judged(e, h, o.dtype)
         bad = nonfinite(name, o, finite) or within_tolerance(name, o, e, h, finite, m.dtype, {}, "repeat", i)
         if bad is None:
             continue
-        kept = (((o == filled[i]) | (o == first[i])) & finite).sum()
+        left = (o == filled[i]) | (o == first[i]) if first else o == filled[i]
+        kept = (left & finite).sum()
         if 2 * int(kept) > int(finite.sum()):
             return Verdict(Status.STALE_RESULT, f"{name}: not computed when called again on the same buffers "
                            "with new inputs (skips work, or keeps a result, on repeated calls)")
-        return replace(bad, message=f"{bad.message}: called again on the same buffers with new inputs")
+        return replace(bad, message=f"{bad.message}: {where}")
     return None
 
 

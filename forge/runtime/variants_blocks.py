@@ -30,30 +30,31 @@ def choose_blockwise(model: torch.nn.Module, inputs: list[Any], kernels: list[Ke
     if kernels:
         _, runtime = first_step(run, True, cuda, blocks=True)
     if compile:
-        plain: tuple[Measured, float] | None = None  # the blocks compiled without kernels, and its seconds
+        blocks: list[tuple[Measured, float]] = []  # the blocks compiled, with kernels and without: their seconds
         for with_kernels in (True, False) if kernels else (False,):
             if finish is None or time.monotonic() < finish:
                 start = time.monotonic()
                 m = run(Variant(with_kernels, (), runtime, blocks=True))
-                plain = plain if with_kernels else (m, time.monotonic() - start)
-        if whole_fits(plain, finish):
+                blocks.append((m, time.monotonic() - start))
+        if whole_fits(blocks, finish):
             run(Variant(False, (), runtime))
     if not tried:
         tried.append(_nothing())
     return min(tried, key=time_of), tried  # all failed: the first, with its error
 
 
-def whole_fits(plain: tuple[Measured, float] | None, finish: float | None) -> bool:
-    """Whether the model itself is compiled too (torch.compile's result). Always where no time is set or
-    where its blocks compiled without kernels (`plain`: that measurement and its seconds) did not run or
-    failed: it is then the floor. Else only where it is expected to end before `finish`, at the blocks'
-    seconds times the number of blocks: Dynamo and Inductor go through every block of the whole model, not
-    each kind once (Qwen 3.5 on an H100 at 3837e03, 24 blocks of 3 kinds: the blocks compiled and timed in
-    12.2 s, the whole model in 292.0 s, 24 times that; it ran then, judged at 8 times, and lost to the
-    blocks compiled with forge's kernels, 37.7 ms against 31.3)."""
-    if finish is None or plain is None or not plain[0].ok:
+def whole_fits(blocks: list[tuple[Measured, float]], finish: float | None) -> bool:
+    """Whether the model itself is compiled too (torch.compile's result), given the block-wise compilations
+    measured (`blocks`: each with its seconds). Always where no time is set or none of them worked: it is then
+    the floor. Else only where it is expected to end before `finish`, at the last that worked's seconds times
+    the number of blocks: Dynamo and Inductor go through every block of the whole model, not each kind once
+    (Qwen 3.5 on an H100 at 3837e03, 24 blocks of 3 kinds: the blocks compiled and timed in 12.2 s, the
+    whole model in 292.0 s, 24 times that; it ran then, judged at 8 times, and lost to the blocks compiled
+    with forge's kernels, 37.7 ms against 31.3)."""
+    worked = [(m, seconds) for m, seconds in blocks if m.ok]
+    if finish is None or not worked:
         return True
-    m, seconds = plain
+    m, seconds = worked[-1]
     return time.monotonic() + seconds * m.sites.get("blocks", 1) <= finish
 
 

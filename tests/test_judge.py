@@ -176,3 +176,39 @@ def test_the_worker_starts_before_the_first_candidate_is_built(tmp_path: Path) -
     with Evaluator("cpu", cache_dir=tmp_path) as ev:  # closed at once: the start under way ends, then the worker
         pass
     assert ev.worker.proc is None and first > 0
+
+
+# x > 0.25 for its first two calls (the verification before timing), then with every 100th element flipped.
+FLIPS_LATER = r"""
+#include <stdint.h>
+
+#include "forge_abi.h"
+
+static int calls = 0;
+
+extern "C" int forge_launch(const ForgeTensor* in, int n_in, ForgeTensor* out, int n_out) {
+  int64_t n = 1;
+  for (int d = 0; d < in[0].ndim; ++d) n *= in[0].shape[d];
+  const float* x = static_cast<const float*>(in[0].data);
+  bool* y = static_cast<bool*>(out[0].data);
+  const bool flip = ++calls > 2;
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] > 0.25f) != (flip && i % 100 == 0);
+  return 0;
+}
+"""
+
+
+class _Above(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x > 0.25
+
+
+def test_a_bool_output_mostly_right_in_the_repeated_call_is_wrong_not_stale(tmp_path: Path) -> None:
+    """A boolean output 99% right matches a random 0/1 fill on about half its elements: the repeated call's
+    stale count looks only where the right value differs from what was left there, so it is `wrong_result`
+    (before, about half the runs called it a `stale_result`: work skipped, which it was not)."""
+    (task,) = build_tasks(capture(_Above(), [torch.randn(257, 1000)]).graph_module.graph)
+    with Evaluator("cpu", timeout_s=60, cache_dir=tmp_path) as ev:
+        for _ in range(3):  # each evaluation its own fills and seeds
+            r = ev.evaluate(TaskSpec.of(task), Candidate("cpu", FLIPS_LATER))
+            assert r.status is Status.WRONG_RESULT and "random values" in r.message, (r.status, r.message)

@@ -256,9 +256,11 @@ def test_optimize_block_wise_measures_block_wise_variants_and_loads_its_result(t
     x = torch.randn(2, 16, 64)
     with torch.no_grad():
         torch.testing.assert_close(opt(x), loaded.model(x), rtol=1e-4, atol=1e-5)
-    if report["applied"]:  # the block-wise result, rebuilt: its kernels ran in all four blocks
-        assert isinstance(opt, BlockwiseModule) and opt.block_fallbacks == 0
-        assert all(c.hits % 4 == 0 and c.hits and not c.fallbacks for c in opt.counters().values())
+    if report["applied"]:  # the block-wise result, rebuilt (under forge.load's ForgeModel): its kernels ran in all
+        # four blocks (a branch a noisy machine often skips: eager is kept where the kernels do not win)
+        bw = opt.patched
+        assert isinstance(bw, BlockwiseModule) and bw.block_fallbacks == 0
+        assert all(c.hits % 4 == 0 and c.hits and not c.fallbacks for c in bw.counters().values())
 
 
 def test_a_block_wise_artifact_is_rebuilt_block_wise(tmp_path):

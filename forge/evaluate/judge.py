@@ -6,8 +6,8 @@ reads and the copies inputs are compared with, the reference in higher precision
 floor's bandwidth, and a clock the candidate cannot reach. One evaluation:
 1. `Load`, then verification on two of the SETS (FIRST: N(0,1) and the hard values) from the request's seed
    (forge.evaluate.verify);
-2. called twice on the same buffers, on the two other SETS (REPEATED), new inputs and random outputs in
-   between, both calls judged: work skipped on a repeated call (or a result kept by pointer);
+2. called twice on the same buffers, on the two other SETS (forge.evaluate.repeats), new inputs and random
+   outputs in between, both calls judged: work skipped on a repeated call (or a result kept by pointer);
 3. `Time`: the worker times candidate and eager interleaved with its clock, inputs perturbed every round,
    random timed calls kept; the judge compares the kept calls with the reference;
 4. the cross-check of the worker's clock: batches of rounds, perturbed and kept like the timed ones, timed
@@ -37,10 +37,11 @@ from forge.bench import BenchConfig
 from forge.capture.export import TensorMeta, output_view
 from forge.evaluate.arena import Arena, Slot
 from forge.evaluate.measured import bandwidth, measured_here
+from forge.evaluate.repeats import skips_repeats
 from forge.evaluate.spotcheck import kept_limit
 from forge.evaluate.steps import Call, EvalRequest, Load, Reply, Time
-from forge.evaluate.verdicts import Verdict, judged, nonfinite, within_tolerance
-from forge.evaluate.verify import SETS, Reference, Target, fill, generator, make_flat, random_like, verify
+from forge.evaluate.verdicts import Verdict, off_reference
+from forge.evaluate.verify import SETS, Reference, Target, fill, generator, make_flat, verify
 from forge.kernel import EvalResult, Status, TaskSpec, Timing
 
 if TYPE_CHECKING:
@@ -57,10 +58,9 @@ ALLOWANCE_S = 0.002  # the step's own round trip (pipe, mapping the arena)
 # Verified before timing on N(0,1) and the hard values (what most wrong kernels fail, before the timing is
 # spent on them), and after it on the same two from a secret seed: N(0,1) as the timed calls' inputs are (a
 # kernel cannot tell the check after timing from a timed call by its values), the hard values for the edges.
-# The two other scales are the repeated call's two calls (REPEATED), judged too: every set, every evaluation
-# (an index task has no hard values: forge.evaluate.verify).
+# The two other scales are the repeated call's two calls (forge.evaluate.repeats), judged too: every set, every
+# evaluation (an index task has no hard values: forge.evaluate.verify).
 FIRST = (0, SETS - 1)
-REPEATED = (1, 2)
 _SYSTEM = random.SystemRandom()
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
             return result(verdict.status, verdict.message, verify=verdict.detail)
         detail = verdict.detail
         lap("verify")
-        skipped = _skips_repeats(remote, ref, task, device, req.seed)
+        skipped = skips_repeats(remote, ref, task, device, req.seed)
         if skipped is not None:
             return result(skipped.status, skipped.message, verify=detail)
         lap("repeats")
@@ -266,58 +266,6 @@ def _inputs(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: i
     return placed, bufs, mine
 
 
-def _skips_repeats(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int) -> Verdict | None:
-    """Called twice on the same buffers, on the REPEATED sets (the scales the verifications leave out), the
-    inputs rewritten and the outputs filled with random finite values before each call (no poison to look for),
-    both calls judged: a kernel that skips work on a repeated call, or keeps a result keyed on the pointers (the
-    allocator often hands a dispatched kernel the same addresses), is a `stale_result` (most judged elements
-    as the first call or the fill left them), one wrong otherwise gets its own status; None if right."""
-    placed, bufs = remote.place(task.inputs, [(m.numel, m.torch_dtype) for m in task.outputs])
-    outputs = [output_view(b, m) for b, m in zip(bufs, task.outputs, strict=True)]
-    scramble = generator(device, _SYSTEM.getrandbits(63))
-    first: list[torch.Tensor] = []  # the first call's outputs, when judging the second
-    for call, k in enumerate(REPEATED):
-        gen = generator(device, seed * 1000 + 5 + call)  # not the timing inputs' 7: no set drawn from another's
-        flats = [make_flat(m, k, gen, device, j in ref.signed, ref.domains.get(j, ""))
-                 for j, m in enumerate(task.inputs)]
-        for view, flat in zip(placed, flats, strict=True):
-            fill(view, flat)
-        for o in outputs:
-            o.copy_(random_like(o, scramble))
-        filled = [o.clone() for o in outputs]
-        remote.call(placed, outputs)
-        bad = _judge_repeat(ref, task, flats, outputs, filled, first)
-        if bad is not None:
-            return bad
-        first = [o.clone() for o in outputs]
-    return None
-
-
-def _judge_repeat(ref: Reference, task: TaskSpec, flats: list[torch.Tensor], outputs: list[torch.Tensor],
-                  filled: list[torch.Tensor], first: list[torch.Tensor]) -> Verdict | None:
-    """One of `_skips_repeats`' calls judged against the reference on its inputs (`flats`): a wrong output mostly
-    as the fill left it, or the first call (`first`: its outputs, on the second call), is stale. The first call
-    too may be a repeated one: the verification before it placed its last set at the same addresses."""
-    eager, high = ref([f.as_strided(m.shape, m.stride) for f, m in zip(flats, task.inputs, strict=True)])
-    where = "called again on the same buffers with new inputs" if first else "called on buffers of random values"
-    for i, (o, e, h, m) in enumerate(zip(outputs, eager, high, task.outputs, strict=True)):
-        name, finite = f"output {i} ({m.short()})", judged(e, h, o.dtype)
-        bad = nonfinite(name, o, finite) or within_tolerance(name, o, e, h, finite, m.dtype, {}, "repeat", i)
-        if bad is None:
-            continue
-        # counted where the right value differs from what was left there (a bool output is half its fill)
-        left = (o == filled[i]) & (e != filled[i])
-        could = e != filled[i]
-        if first:
-            left, could = left | ((o == first[i]) & (e != first[i])), could | (e != first[i])
-        kept, judged_here = (left & finite).sum(), (could & finite).sum()
-        if 2 * int(kept) > int(judged_here):
-            return Verdict(Status.STALE_RESULT, f"{name}: not computed when called again on the same buffers "
-                           "with new inputs (skips work, or keeps a result, on repeated calls)")
-        return replace(bad, message=f"{bad.message}: {where}")
-    return None
-
-
 def _kept_buffers(task: TaskSpec, limit: int) -> list[tuple[int, torch.dtype]]:
     return [(m.numel, m.torch_dtype) for _ in range(limit) for m in (*task.inputs, *task.outputs)]
 
@@ -339,8 +287,8 @@ def judge_kept(ref: Reference, task: TaskSpec, kept: list[tuple[list[torch.Tenso
     for n, (inputs, outs) in enumerate(kept):
         eager, high = ref([x.clone() for x in inputs])
         for i, (o, e, h, m) in enumerate(zip(outs, eager, high, task.outputs, strict=True)):
-            name, finite = f"{where} call {n + 1} of {len(kept)} kept, output {i} ({m.short()})", judged(e, h, o.dtype)
-            bad = nonfinite(name, o, finite) or within_tolerance(name, o, e, h, finite, m.dtype, {}, where, i)
+            bad, _ = off_reference(f"{where} call {n + 1} of {len(kept)} kept, output {i} ({m.short()})", o, e, h,
+                                   m.dtype, where, i)
             if bad is not None:
                 return replace(bad, detail={"kept": len(kept)})
     return None

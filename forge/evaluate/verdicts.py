@@ -123,6 +123,14 @@ def nonfinite(name: str, out: torch.Tensor, finite: torch.Tensor) -> Verdict | N
     return None
 
 
+def off_reference(name: str, out: torch.Tensor, eager: torch.Tensor, high: torch.Tensor, dtype: str, where: str,
+                  i: int) -> tuple[Verdict | None, torch.Tensor]:
+    """An output judged against the reference where it is judged (`judged`): NaN/Inf there, else out of
+    tolerance (or unequal, integers); the verdict or None, and that mask."""
+    finite = judged(eager, high, out.dtype)
+    return nonfinite(name, out, finite) or within_tolerance(name, out, eager, high, finite, dtype, {}, where, i), finite
+
+
 def within_tolerance(name: str, out: torch.Tensor, eager: torch.Tensor, high: torch.Tensor,
                      finite: torch.Tensor, dtype: str, row: dict[str, Any], where: str, i: int) -> Verdict | None:
     """None when the output is equal (integers) or within tolerance of `high` (floats; the error and

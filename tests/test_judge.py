@@ -212,3 +212,16 @@ def test_a_bool_output_mostly_right_in_the_repeated_call_is_wrong_not_stale(tmp_
         for _ in range(3):  # each evaluation its own fills and seeds
             r = ev.evaluate(TaskSpec.of(task), Candidate("cpu", FLIPS_LATER))
             assert r.status is Status.WRONG_RESULT and "random values" in r.message, (r.status, r.message)
+
+
+def test_a_copy_rate_measured_while_the_machine_was_slowed_is_measured_again(spec: TaskSpec, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The roofline floor's copy rate is measured once; measured in a slow moment (an H100 gave 1856 GB/s,
+    then ran kernels at 3270) it would reject honest candidates as too fast. Below the floor the judge measures
+    the rate again and keeps the higher."""
+    from forge.evaluate import measured
+
+    monkeypatch.setitem(measured._HERE.bandwidth, "cpu", 1e3)  # 1 kB/s: any real kernel is "below the floor"
+    r = _evaluate("none", spec, Candidate.from_file(CORPUS / "good.cpp"), tmp_path)
+    assert r.status is Status.OK, f"{r.status}: {r.message}"
+    assert measured._HERE.bandwidth["cpu"] > 1e8 and r.floor_us is not None and r.floor_us < r.timing.median_us

@@ -86,6 +86,19 @@ def bandwidth(device: str) -> float:
         return _HERE.bandwidth[device]
 
 
+def remeasured(device: str) -> float:
+    """The copy rate measured again now, and kept if higher: the floor uses the fastest copy seen, so one
+    measured while the device was slowed (clocks, another process) is not what a fast candidate is held to."""
+    with _LOCK:
+        if device.startswith("cuda"):
+            with torch.cuda.device(device):
+                rate = measure_bandwidth(device)
+        else:
+            rate = measure_bandwidth(device)
+        _HERE.bandwidth[device] = max(rate, _HERE.bandwidth.get(device, 0.0))
+        return _HERE.bandwidth[device]
+
+
 def measure_ahead(devices: list[str]) -> None:
     """Measure the devices' copy rates in a thread of their own now (while the workers start and the first
     candidates build: on this 2-core CPU 0.85 s of 7 copies of 512 MiB, on a GPU the parent's CUDA start):

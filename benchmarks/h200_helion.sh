@@ -62,36 +62,5 @@ DB="$OUT/forge.db"
 python3 -m forge.cli optimize examples/rmsnorm_swiglu.py --device cuda --eval --policy recipes+helion \
   --seconds "${SECONDS_BUDGET:-180}" --db "$DB" --out "$OUT/runs" 2>&1 | tail -12 | tee "$OUT/optimize.txt"
 python3 -m forge.cli export last "$OUT/repo" --db "$DB" 2>&1 | tee "$OUT/export.txt" || exit 1
-python3 - "$OUT/repo/build/torch-universal" <<'PY' 2>&1 | tee "$OUT/first_call.txt"
-import sys, time
-from pathlib import Path
-import torch
-from helion.runtime.kernel import BoundKernel
-
-def no_tuning(*args, **kwargs):
-    raise AssertionError("Helion autotuned an exported kernel")
-
-BoundKernel.autotune = no_tuning  # an exported Helion kernel runs the config in its source
-universal = Path(sys.argv[1])
-(pkg,) = [p.name for p in universal.iterdir() if p.is_dir()]
-sys.path.insert(0, str(universal))
-k = __import__(pkg)
-for name, kernel in k._KERNELS.items():
-    form = kernel.forms.get("cuda")
-    if form is None or form.backend != "helion":
-        print(f"{name}: no Helion form ({form.backend if form else 'none'})")
-        continue
-    args = [m.empty(torch.device("cuda")).copy_(torch.randn(m.shape)) for m in kernel.inputs]
-    outs = [m.empty(torch.device("cuda")) for m in kernel.outputs]
-    torch.cuda.synchronize(); t = time.perf_counter(); rc = form.launch(args, outs); torch.cuda.synchronize()
-    first = (time.perf_counter() - t) * 1e3
-    for _ in range(10):
-        form.launch(args, outs)
-    torch.cuda.synchronize(); t = time.perf_counter()
-    for _ in range(100):
-        form.launch(args, outs)
-    torch.cuda.synchronize()
-    err = max((o.float() - w.float()).abs().max().item() for o, w in zip(outs, kernel.reference(*args)))
-    print(f"{name}: rc {rc}, first call {first:.1f} ms (compile, no autotuning), steady "
-          f"{(time.perf_counter() - t) * 1e4:.1f} us, max abs err {err:.2e}")
-PY
+python3 benchmarks/helion_first_call.py "$OUT/repo/build/torch-universal" --json "$OUT/first_call.json" 2>&1 \
+  | tee "$OUT/first_call.txt"

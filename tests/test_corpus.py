@@ -309,18 +309,25 @@ def test_cuda_corpus(path: Path, spec: TaskSpec, cuda_evaluator: Evaluator) -> N
 
 
 @pytest.mark.cuda
-def test_a_confined_cuda_worker_refuses_python_candidates(spec: TaskSpec, tmp_path: Path) -> None:
-    """Under the seccomp filter (FORGE_CUDA_SECCOMP=1) a Triton candidate is refused before it loads (its
-    compiler is a program the worker would start), and the worker goes on with CUDA ones."""
+def test_a_confined_cuda_worker_hands_python_candidates_to_an_unconfined_one(spec: TaskSpec, tmp_path: Path) -> None:
+    """Under the seccomp filter (CUDA workers' default) a Triton candidate is judged by the worker's unconfined
+    companion (its compiler is a program the filter would kill the worker for starting); CUDA ones stay with the
+    confined worker."""
     from forge.evaluate.parent import Worker
 
     with Evaluator("cuda", timeout_s=60, cache_dir=tmp_path) as ev:
         ev.worker.close()
         ev.worker = Worker("cuda", confined=True)
         r = ev.evaluate(spec, Candidate.from_file(CORPUS / "triton" / "good.py"))
-        assert r.status is Status.LAUNCH_ERROR and "FORGE_CUDA_SECCOMP" in r.message, r
+        assert r.status is Status.OK, r.message
+        python = ev.worker.python_worker()
+        assert python.proc is not None and not python.confined and ev.worker.proc is None  # it judged, alone
         r = ev.evaluate(spec, Candidate.from_file(CORPUS / "cuda" / "good.cu"))
-        assert r.status is Status.OK and not ev.worker.unconfined, r.message
+        assert r.status is Status.OK and ev.worker.proc is not None and not ev.worker.unconfined, r.message
+        x = torch.randn(257, 1000, device="cuda")  # the lab's live call goes the same way
+        out = ev.call(spec, Candidate.from_file(CORPUS / "triton" / "good.py"), [x])
+        assert isinstance(out, tuple), out
+        torch.testing.assert_close(out[0], torch.nn.functional.silu(x))
 
 
 @pytest.mark.cuda
@@ -396,7 +403,8 @@ def test_worker_env_is_an_allowlist(spec: TaskSpec, tmp_path: Path, monkeypatch:
                     reason="a network namespace needs Linux and root (where it cannot be made, workers run without)")
 def test_a_root_worker_has_no_network(spec: TaskSpec, tmp_path: Path) -> None:
     """A worker started by root lives in a network namespace of its own: no interface but a loopback, down
-    (the CUDA worker has no seccomp filter to refuse sockets: this is what keeps it off the network)."""
+    (a Python candidate's CUDA worker has no seccomp filter to refuse sockets: this is what keeps it off the
+    network)."""
     from forge.evaluate.parent import Worker
     from forge.evaluate.sandbox import network_namespace
 
@@ -411,20 +419,25 @@ def test_a_root_worker_has_no_network(spec: TaskSpec, tmp_path: Path) -> None:
         assert Path(f"/proc/{w.proc.pid}/net/route").read_text().splitlines()[1:] == []  # no route anywhere
 
 
-def test_a_cuda_worker_gets_the_network_namespace_by_default_and_the_filter_on_request(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cuda_worker_gets_the_network_namespace_and_the_filter_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA worker's sandbox settings (nothing started: no GPU needed): the namespace unless
-    FORGE_CUDA_SANDBOX=0, the seccomp filter only with FORGE_CUDA_SECCOMP=1 (it refuses Triton candidates)."""
+    FORGE_CUDA_SANDBOX=0, the seccomp filter unless FORGE_CUDA_SECCOMP=0; a confined one sends Python candidates
+    to one unconfined worker of its own, with its namespace, closed with it."""
     from forge.evaluate.parent import Worker
 
     monkeypatch.delenv("FORGE_CUDA_SANDBOX", raising=False)
     monkeypatch.delenv("FORGE_CUDA_SECCOMP", raising=False)
-    w = Worker("cuda")
-    assert w.isolate_network and not w.confined
+    with Worker("cuda") as w:
+        assert w.isolate_network and w.confined
+        assert w.refuses("triton") and w.refuses("helion") and not w.refuses("cuda")
+        python = w.python_worker()
+        assert python is w.python_worker() and python.device == "cuda" and python.isolate_network
+        assert not python.confined and not python.refuses("triton")
+    assert python._closed
     monkeypatch.setenv("FORGE_CUDA_SANDBOX", "0")
-    monkeypatch.setenv("FORGE_CUDA_SECCOMP", "1")
+    monkeypatch.setenv("FORGE_CUDA_SECCOMP", "0")
     w = Worker("cuda")
-    assert not w.isolate_network and w.confined
+    assert not w.isolate_network and not w.confined and not w.refuses("triton")
     assert Worker("cpu").isolate_network and Worker("cpu").confined  # the CPU worker's, whatever the variables say
 
 
@@ -440,6 +453,7 @@ def test_a_cuda_worker_in_its_own_network_namespace_judges_as_before(name: str, 
         ev.worker.close()
         ev.worker = Worker("cuda", own_network=True)
         r = ev.evaluate(spec, Candidate.from_file(CORPUS / name))
-        if not ev.worker.own_network:
+        judged = ev.worker.for_backend(Candidate.from_file(CORPUS / name).backend)  # Triton: the unconfined one
+        if not judged.own_network:
             pytest.skip("this system refused the namespace")
         assert r.status.value == expected(CORPUS / name), r.message

@@ -16,13 +16,13 @@ binding) that kills the whole process (SIGSYS) on:
 - the system: mount, umount2, pivot_root, chroot, setns, unshare, namespaces and privileges (setuid and
   kin), module and kexec loading, reboot, swapon/off, bpf, perf_event_open, userfaultfd, keyctl, iopl,
   ioperm, personality, open_by_handle_at.
-CUDA workers (FORGE_CUDA_SECCOMP=1; off by default, measured on an H200: benchmarks/h200_sandbox.sh) get
+CUDA workers (unless FORGE_CUDA_SECCOMP=0; measured on an H200 and an H100: benchmarks/h200_sandbox.sh) get
 the same filter with one difference: a CUDA context opens /dev/nvidia* read-write after it is made (new
 mappings, new streams), and a filter cannot read the path an open names, so opens for reading and writing
 stay allowed there and only those that create, truncate or append are killed (a CUDA worker keeps forge's
-user: CUDA IPC fails under another, forge.evaluate.parent). Triton
-candidates are refused on a confined CUDA worker (forge.evaluate.parent): Triton's compiler is a program
-(ptxas) the worker would start.
+user: CUDA IPC fails under another, forge.evaluate.parent). A confined
+CUDA worker hands Triton and Helion candidates to an unconfined worker of its own (forge.evaluate.parent):
+Triton's compiler is a program (ptxas) the worker would start.
 The parent sees a worker killed by SIGSYS and reports `forbidden_io`; the harness starts a new worker and
 goes on. Reading files stays allowed (dlopen must open each candidate's library): forge makes its own
 process non-dumpable while workers run (forge.evaluate.parent), so a worker that is not root cannot read forge's

@@ -35,6 +35,7 @@ def call_once(worker: Worker, task: TaskSpec, backend: str, path: str, entry: st
     for i, (t, m) in enumerate(zip(inputs, task.inputs, strict=True)):
         if tuple(t.shape) != tuple(m.shape) or t.dtype != m.torch_dtype:
             raise ValueError(f"Invalid input {i}: {tuple(t.shape)} {t.dtype}, the task wants {m.short()}")
+    worker = worker.for_backend(backend)  # a Python candidate on a confined CUDA worker: its unconfined one
     start = time.perf_counter()
     remote = Remote(worker, worker.device, start + timeout_s)
     try:

@@ -94,11 +94,12 @@ class Worker:
         """`confined`: the worker installs forge.evaluate.confine's seccomp filter. `own_network`: a network
         namespace of its own when forge runs as root (forge.evaluate.sandbox.limits). `unprivileged`: when
         forge runs as root, the worker gives up root for FORGE_WORKER_USER (forge.evaluate.privilege). Each
-        defaults to on for a CPU worker; a CUDA worker gets the namespace too unless FORGE_CUDA_SANDBOX=0 (with
-        it and the filter the CUDA corpus passed, 33 tests, and the recipe kernels' throughput was 221.5 a
-        minute against 224-235 without, on an H100 on 2026-12-06), and the filter only with
-        FORGE_CUDA_SECCOMP=1 (a confined CUDA worker refuses Triton candidates, whose compiler is a program it
-        would start). A CUDA worker keeps forge's user: under
+        defaults to on for a CPU worker; a CUDA worker gets the namespace and the filter too unless
+        FORGE_CUDA_SANDBOX=0 or FORGE_CUDA_SECCOMP=0 (with both the CUDA corpus passed, 33 tests, and the recipe
+        kernels' throughput was 221.5 a minute against 224-235 without, on an H100 on 2026-12-06). A confined
+        CUDA worker judges no Python (Triton, Helion) candidate itself, whose compiler is a program it would
+        start: `request` hands those to an unconfined worker of its own (`python_worker`, its own process,
+        started at the first one). A CUDA worker keeps forge's user: under
         another it cannot map forge's CUDA IPC arenas ("mapping of buffer object failed" on every candidate).
         `program`: what Python runs (tests run a worker a candidate has taken over). `triton_cache`: a
         subfolder of Triton's cache that is this worker's own (one per GPU of a pool)."""
@@ -108,7 +109,8 @@ class Worker:
         self.program = program
         self.isolate_network = sandbox if own_network is None else own_network
         self.device = device
-        self.confined = (not cuda or os.environ.get("FORGE_CUDA_SECCOMP") == "1") if confined is None else confined
+        self.confined = (not cuda or os.environ.get("FORGE_CUDA_SECCOMP", "1") != "0") if confined is None else confined
+        self._python: Worker | None = None  # a confined CUDA worker's unconfined one, for Python candidates
         self.unconfined = ""  # why the worker could not confine itself, when it could not
         self.own_network = False  # the worker runs in a network namespace of its own (forge.evaluate.sandbox.limits)
         nondumpable()  # a worker that is not root cannot read forge's environment or memory through /proc
@@ -254,8 +256,40 @@ class Worker:
         except OSError:
             return ""
 
+    def refuses(self, backend: str) -> bool:
+        """Whether this worker cannot load `backend`'s candidates: a Python one (Triton, Helion) on a CUDA worker
+        under the seccomp filter, whose compiler (ptxas) is a program the filter kills the worker for starting."""
+        return self.confined and self.device.startswith("cuda") and not BACKENDS[backend].native
+
+    def python_worker(self) -> Worker:
+        """The worker that judges this one's Python candidates when it refuses them: unconfined, otherwise the
+        same (device, network namespace, Triton cache), a process of its own made at its first candidate."""
+        with self._life:
+            if self._closed:
+                raise RuntimeError(f"the {self.device} worker is closed")
+            if self._python is None:
+                self._python = Worker(self.device, self.memory_bytes, self.start_timeout_s, confined=False,
+                                      own_network=self.isolate_network, triton_cache=self.triton_cache)
+            return self._python
+
+    def for_backend(self, backend: str) -> Worker:
+        """The worker that runs `backend`'s candidates: this one, or its `python_worker` (started now, so that
+        its start is not counted in the candidate's time) for those it refuses."""
+        if not self.refuses(backend):
+            return self
+        python = self.python_worker()
+        try:
+            python.start()
+        except RuntimeError as e:  # its first step starts it again and fails as a result
+            log.warning("the %s Python worker did not start ahead of its step: %s", self.device, e)
+        return python
+
     def request(self, req: EvalRequest, timeout_s: float = 120.0) -> EvalResult:
-        """Judge one candidate (forge.evaluate.judge); failures of the process come back as TIMEOUT or CRASH results."""
+        """Judge one candidate (forge.evaluate.judge); failures of the process come back as TIMEOUT or CRASH results.
+        A candidate this worker refuses goes to its `python_worker`."""
+        worker = self.for_backend(req.backend)
+        if worker is not self:
+            return worker.request(req, timeout_s)
         self.log_path.write_bytes(b"")  # the log tail of a failure should be this request's
         return evaluate(self, req, timeout_s)
 
@@ -279,10 +313,10 @@ class Worker:
         assert self.proc is not None
         staged = None
         if isinstance(msg, Load):  # loaded from a copy of the worker's (gone once loaded: glibc and import keep theirs)
-            if self.confined and self.device.startswith("cuda") and not BACKENDS[msg.backend].native:
+            if self.refuses(msg.backend):  # `request` sends these to python_worker: a step sent here directly
                 return EvalResult(Status.LAUNCH_ERROR, "a Python candidate cannot run on a CUDA worker under the "
-                                  "seccomp filter (FORGE_CUDA_SECCOMP=1): its compiler is a program the worker "
-                                  "would start", device=self.device, device_s=time.perf_counter() - start)
+                                  "seccomp filter: its compiler is a program the worker would start",
+                                  device=self.device, device_s=time.perf_counter() - start)
             msg = replace(msg, path=self.stage(msg.path))
             staged = Path(msg.path) if Path(msg.path).parent == self.lib else None
         try:
@@ -352,9 +386,14 @@ class Worker:
         """Stop the worker and remove its directory (after a `start` under way has finished)."""
         with self._life:
             self._closed = True
-            self._stop()
-            self.arena.close()
-            self._dir.cleanup()
+            python, self._python = self._python, None
+            try:
+                self._stop()
+                self.arena.close()
+                self._dir.cleanup()
+            finally:
+                if python is not None:
+                    python.close()
 
     def __enter__(self) -> Worker:
         return self

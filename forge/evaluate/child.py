@@ -9,8 +9,9 @@ hangs it is handled by the parent.
 Important: this is the only process that runs candidate code, and it holds nothing that decides the
 verdict: it never sees the reference in higher precision, computes no error and judges nothing
 (forge.evaluate.judge, in forge's own process, does). It runs the task's eager code only as the baseline it times
-the candidate against, and the judge checks both times against its own clock. A CPU worker confines itself
-with a seccomp filter before its first message (forge.evaluate.confine).
+the candidate against, and the judge checks both times against its own clock. A confined worker (CPU
+workers; CUDA workers but the one for Python candidates) installs its seccomp filter before its first message
+(forge.evaluate.confine).
 """
 
 from __future__ import annotations

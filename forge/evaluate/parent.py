@@ -285,8 +285,8 @@ class Worker:
         return python
 
     def request(self, req: EvalRequest, timeout_s: float = 120.0) -> EvalResult:
-        """Judge one candidate (forge.evaluate.judge); failures of the process come back as TIMEOUT or CRASH results.
-        A candidate this worker refuses goes to its `python_worker`."""
+        """Judge one candidate (forge.evaluate.judge); failures of the process come back as TIMEOUT or CRASH results
+        (a closed worker raises). A candidate this worker refuses goes to its `python_worker`."""
         worker = self.for_backend(req.backend)
         if worker is not self:
             return worker.request(req, timeout_s)

@@ -433,6 +433,9 @@ def test_a_cuda_worker_gets_the_network_namespace_and_the_filter_by_default(monk
         python = w.python_worker()
         assert python is w.python_worker() and python.device == "cuda" and python.isolate_network
         assert not python.confined and not python.refuses("triton")
+        # no cache file to create under the filter: the driver's PTX cache, PyTorch's jiterator cache
+        assert w.env()["CUDA_CACHE_DISABLE"] == "1" and w.env()["USE_PYTORCH_KERNEL_CACHE"] == "0"
+        assert "USE_PYTORCH_KERNEL_CACHE" not in python.env()
     assert python._closed
     monkeypatch.setenv("FORGE_CUDA_SANDBOX", "0")
     monkeypatch.setenv("FORGE_CUDA_SECCOMP", "0")

@@ -157,10 +157,8 @@ class Worker:
         """The worker's stdout/stderr."""
         return Path(self._dir.name) / "worker.log"
 
-    def _start(self) -> None:
-        self._first_load = self._staged
-        req_r, req_w = os.pipe()
-        res_r, res_w = os.pipe()
+    def env(self) -> dict[str, str]:
+        """What the worker's environment holds besides the allowlist (forge.evaluate.sandbox.scrubbed_env)."""
         # HOME is the worker's own folder: credentials kept in files under the user's home (~/.aws, ~/.netrc,
         # tokens) are not a path away; Triton's cache stays where it was
         triton_cache = os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
@@ -170,14 +168,22 @@ class Worker:
             triton_cache = str(Path(triton_cache) / self.triton_cache)
         extra = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p),
                  "PYTHONUNBUFFERED": "1", "HOME": str(self.scratch), "TRITON_CACHE_DIR": triton_cache}
-        dev = self.device
-        if dev.startswith("cuda"):
-            index = dev.split(":")[1] if ":" in dev else "0"
+        if self.device.startswith("cuda"):
+            index = self.device.split(":")[1] if ":" in self.device else "0"
             extra["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[int(index)] \
                 if os.environ.get("CUDA_VISIBLE_DEVICES") else index
-            dev = "cuda:0"
-            if self.confined:  # no compute cache to create (an O_CREAT the filter kills): no PTX is JIT-compiled
+            if self.confined:  # no cache file to create (an O_CREAT the filter kills): the driver's for JIT-compiled
+                # PTX, and PyTorch's for its jiterator's kernels (gcd, i1, zeta...: eager, timed in the worker)
                 extra["CUDA_CACHE_DISABLE"] = "1"
+                extra["USE_PYTORCH_KERNEL_CACHE"] = "0"
+        return extra
+
+    def _start(self) -> None:
+        self._first_load = self._staged
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        extra = self.env()
+        dev = "cuda:0" if self.device.startswith("cuda") else self.device  # the one GPU it sees
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
         flags = [*(["confine"] if self.confined else []), *(["private"] if self.drop else []),
                  *([f"preload={','.join(self.preload)}"] if self.preload else [])]

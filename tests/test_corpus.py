@@ -327,7 +327,7 @@ def test_a_confined_cuda_worker_hands_python_candidates_to_an_unconfined_one(spe
         x = torch.randn(257, 1000, device="cuda")  # the lab's live call goes the same way
         out = ev.call(spec, Candidate.from_file(CORPUS / "triton" / "good.py"), [x])
         assert isinstance(out, tuple), out
-        torch.testing.assert_close(out[0], torch.nn.functional.silu(x))
+        torch.testing.assert_close(out[0], torch.nn.functional.silu(x), rtol=1e-4, atol=1e-5)  # Triton's exp
 
 
 @pytest.mark.cuda

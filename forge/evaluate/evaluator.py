@@ -145,7 +145,7 @@ class Evaluator(BaseEvaluator):
         self.slots: Slots[int] = Slots(range(len(self.workers)))  # a slot: an index into self.workers
         for _ in self.workers:  # the worker processes start on their slots while the first candidates build
             self.slots.submit(self._start_worker)
-        measure_ahead([w.device for w in self.workers])  # the judge's copy rate, meanwhile
+        self._measuring = measure_ahead([w.device for w in self.workers])  # the judge's copy rate, meanwhile
 
     def _start_worker(self, i: int) -> None:
         """Start worker i ahead of its first step; a start that fails is left to that step, which starts it
@@ -185,6 +185,7 @@ class Evaluator(BaseEvaluator):
         for w in self.workers:
             w.close()
         self.builds.close()
+        self._measuring.join()  # at most the copies' second: not torn down mid-copy when the process exits
 
     def call(self, task: TaskSpec, cand: Candidate, inputs: list[Any]) -> tuple[Any, ...] | EvalResult:
         """The outputs of one call of a candidate (built, cached) on these inputs, on the next free worker; no

@@ -78,24 +78,22 @@ def bandwidth(device: str) -> float:
         return _HERE.bandwidth[device]
     with _LOCK:
         if device not in _HERE.bandwidth:
-            if device.startswith("cuda"):  # its events and synchronisations on that GPU, in any thread
-                with torch.cuda.device(device):
-                    _HERE.bandwidth[device] = measure_bandwidth(device)
-            else:
-                _HERE.bandwidth[device] = measure_bandwidth(device)
+            _HERE.bandwidth[device] = _measure(device)
         return _HERE.bandwidth[device]
+
+
+def _measure(device: str) -> float:
+    if device.startswith("cuda"):  # its events and synchronisations on that GPU, in any thread
+        with torch.cuda.device(device):
+            return measure_bandwidth(device)
+    return measure_bandwidth(device)
 
 
 def remeasured(device: str) -> float:
     """The copy rate measured again now, and kept if higher: the floor uses the fastest copy seen, so one
     measured while the device was slowed (clocks, another process) is not what a fast candidate is held to."""
     with _LOCK:
-        if device.startswith("cuda"):
-            with torch.cuda.device(device):
-                rate = measure_bandwidth(device)
-        else:
-            rate = measure_bandwidth(device)
-        _HERE.bandwidth[device] = max(rate, _HERE.bandwidth.get(device, 0.0))
+        _HERE.bandwidth[device] = max(_measure(device), _HERE.bandwidth.get(device, 0.0))
         return _HERE.bandwidth[device]
 
 

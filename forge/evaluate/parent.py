@@ -30,7 +30,7 @@ from forge.capture.scans import libraries
 from forge.evaluate.arena import Arena
 from forge.evaluate.judge import evaluate
 from forge.evaluate.privilege import Drop, account, needed_paths, plan
-from forge.evaluate.sandbox import limits, network_namespace, nondumpable, process_uid, scrubbed_env
+from forge.evaluate.sandbox import limits, network_namespace, nondumpable, process_uid, scrubbed_env, worker_env
 from forge.evaluate.steps import EvalRequest, Load, Reply, decode, valid_reply
 from forge.kernel import EvalResult, Status
 
@@ -158,25 +158,9 @@ class Worker:
         return Path(self._dir.name) / "worker.log"
 
     def env(self) -> dict[str, str]:
-        """What the worker's environment holds besides the allowlist (forge.evaluate.sandbox.scrubbed_env)."""
-        # HOME is the worker's own folder: credentials kept in files under the user's home (~/.aws, ~/.netrc,
-        # tokens) are not a path away; Triton's cache stays where it was
-        triton_cache = os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
-        if self.drop is not None:  # forge's cache is not the worker's to write: one of its own
-            triton_cache = str(self.scratch / "triton")
-        elif self.triton_cache:
-            triton_cache = str(Path(triton_cache) / self.triton_cache)
-        extra = {"PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p),
-                 "PYTHONUNBUFFERED": "1", "HOME": str(self.scratch), "TRITON_CACHE_DIR": triton_cache}
-        if self.device.startswith("cuda"):
-            index = self.device.split(":")[1] if ":" in self.device else "0"
-            extra["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[int(index)] \
-                if os.environ.get("CUDA_VISIBLE_DEVICES") else index
-            if self.confined:  # no cache file to create (an O_CREAT the filter kills): the driver's for JIT-compiled
-                # PTX, and PyTorch's for its jiterator's kernels (gcd, i1, zeta...: eager, timed in the worker)
-                extra["CUDA_CACHE_DISABLE"] = "1"
-                extra["USE_PYTORCH_KERNEL_CACHE"] = "0"
-        return extra
+        """What the worker's environment holds besides the allowlist (forge.evaluate.sandbox.worker_env)."""
+        own_cache = str(self.scratch / "triton") if self.drop is not None else None  # not root's cache to write
+        return worker_env(self.device, self.confined, _ROOT, self.scratch, own_cache, self.triton_cache)
 
     def _start(self) -> None:
         self._first_load = self._staged

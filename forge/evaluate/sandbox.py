@@ -49,6 +49,28 @@ def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 _CLONE_NEWNET = 0x40000000
 
 
+def worker_env(device: str, confined: bool, root: str, scratch: Path, own_cache: str | None,
+               triton_sub: str | None) -> dict[str, str]:
+    """A worker's environment besides the allowlist (`scrubbed_env`): forge's checkout (`root`) importable, HOME
+    its own folder (credentials under the user's home, ~/.aws, ~/.netrc, tokens, are not a path away), Triton's
+    cache where it was (`own_cache` when the worker is not forge's user; `triton_sub` a subfolder of its own),
+    the one GPU it sees, and under the CUDA filter no cache file to create (an O_CREAT the filter kills): the
+    driver's for JIT-compiled PTX, PyTorch's for its jiterator's kernels (gcd, i1, zeta: eager, timed there)."""
+    triton_cache = own_cache or os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
+    if own_cache is None and triton_sub:
+        triton_cache = str(Path(triton_cache) / triton_sub)
+    extra = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+             "PYTHONUNBUFFERED": "1", "HOME": str(scratch), "TRITON_CACHE_DIR": triton_cache}
+    if device.startswith("cuda"):
+        index = device.split(":")[1] if ":" in device else "0"
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        extra["CUDA_VISIBLE_DEVICES"] = visible.split(",")[int(index)] if visible else index
+        if confined:
+            extra["CUDA_CACHE_DISABLE"] = "1"
+            extra["USE_PYTORCH_KERNEL_CACHE"] = "0"
+    return extra
+
+
 def limits(memory_bytes: int | None, cpu_seconds: int | None, own_network: bool = True,
            drop: Drop | None = None) -> Callable[[], None]:
     """A preexec function for a worker: its own session, an address-space and a CPU-time limit, (Linux, as

@@ -30,7 +30,7 @@ import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -148,8 +148,10 @@ def make_flat(meta: TensorMeta, k: int, gen: torch.Generator, device: str, signe
             flat = _hard(span, dtype, wide, gen)
         else:
             scale, shift = SCALES[k % SETS]
-            flat = torch.randn(span, generator=gen, dtype=wide, device=dev) * scale + shift
-            flat = torch.where(flat.to(dtype) == 0, torch.full_like(flat, 0.5), flat)
+            flat = torch.randn(span, generator=gen, dtype=wide, device=dev)
+            if (scale, shift) != (1.0, 0.0):
+                flat.mul_(scale).add_(shift)
+            flat.masked_fill_((flat.to(dtype) if dtype != wide else flat) == 0, 0.5)
         flat = into(flat, domain)
     elif dtype == torch.bool:
         flat = torch.randint(0, 2, (span,), generator=gen, device=dev).bool()
@@ -164,16 +166,16 @@ def _hard(n: int, dtype: torch.dtype, wide: torch.dtype, gen: torch.Generator) -
     float16), either sign, an eighth of magnitude 64 to 1024, either sign, the rest 3*N(0,1). Two draws: one
     uniform gives the kind (its eighth), the sign (the half of that) and the magnitude (the rest)."""
     dev = gen.device
-    x = torch.randn(n, generator=gen, dtype=wide, device=dev) * 3
-    r = torch.rand(n, generator=gen, dtype=wide, device=dev) * 8
+    x = torch.randn(n, generator=gen, dtype=wide, device=dev).mul_(3)
+    r = torch.rand(n, generator=gen, dtype=wide, device=dev).mul_(8)
     kind = r.floor()
-    u = (r - kind) * 2
+    u = r.sub_(kind).mul_(2)
     half = u.floor()
-    sign, u = 1 - 2 * half, u - half
+    u.sub_(half)  # the magnitude's fraction; `half` the sign: 1 - 2 * half
     edge = math.log(torch.finfo(dtype).max)
-    x = torch.where(kind == 0, 0.0, x)
-    x = torch.where(kind == 1, sign * (edge - 3 + 4 * u), x)
-    return torch.where(kind == 2, sign * (64 + 960 * u), x)
+    x.masked_fill_(kind == 0, 0.0)
+    x = torch.where(kind == 1, (u * 4).add_(edge - 3).mul_(half.mul(-2).add_(1)), x)
+    return torch.where(kind == 2, (u * 960).add_(64).mul_(half.mul_(-2).add_(1)), x)
 
 
 def random_like(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -197,7 +199,8 @@ def _promote_source(source: str) -> str:
 
 
 def _promote(t: torch.Tensor) -> torch.Tensor:
-    return t.to(_HIGHER[t.dtype]) if t.dtype in _HIGHER else t
+    """A copy in the higher precision (a copy at its own dtype where there is none: the reference may write it)."""
+    return t.to(_HIGHER[t.dtype]) if t.dtype in _HIGHER else t.clone()
 
 
 class Reference:
@@ -214,7 +217,7 @@ class Reference:
             eager = list(self.eager(*[x.clone() for x in inputs]))
             try:
                 with precise():  # a scan's reference in float64 (forge.capture.scans)
-                    high = list(self.high(*[_promote(x.clone()) for x in inputs]))
+                    high = list(self.high(*[_promote(x) for x in inputs]))
             except Exception:  # an op without a higher-precision kernel: compare with eager only
                 high = [e.clone() for e in eager]
         return eager, high
@@ -248,16 +251,27 @@ def fill(view: torch.Tensor, flat: torch.Tensor) -> None:
 TOGETHER_BYTES = 1 << 30  # a verification whose sets take more than this in all places (and settles) one at a time
 
 
-def _first_changed(watched: list[tuple[int, list[Guarded], list[torch.Tensor]]], settle_s: float, since: float,
-                   sync: Callable[[], None]) -> int | None:
+def _first_changed(watched: list[_Set], settle_s: float, since: float, sync: Callable[[], None]) -> int | None:
     """The first set whose output buffers changed from their snapshot (taken as its call returned) once
     `settle_s` has passed since `since` (the last call's return); None if none did."""
     time.sleep(max(0.0, settle_s - (time.perf_counter() - since)))
     sync()
-    for k, outs, snaps in watched:
-        if any(not torch.equal(o.raw, b) for o, b in zip(outs, snaps, strict=True)):
-            return k
+    for s in watched:
+        if any(not torch.equal(o.raw, b) for o, b in zip(s.outs, s.snaps, strict=True)):
+            return s.k
     return None
+
+
+@dataclass
+class _Set:
+    """One input set of a verification as placed and called: its kind, the placed inputs, this process's own copy
+    of them, the guarded outputs and (with a settle) their snapshots as the call returned."""
+
+    k: int
+    inputs: list[torch.Tensor]
+    mine: list[torch.Tensor]
+    outs: list[Guarded]
+    snaps: list[torch.Tensor] = field(default_factory=list)
 
 
 def _judge_set(k: int, inputs: list[torch.Tensor], mine: list[torch.Tensor], outs: list[Guarded],
@@ -282,6 +296,20 @@ def _judge_set(k: int, inputs: list[torch.Tensor], mine: list[torch.Tensor], out
     return None, list(zip(eager, masks, strict=True))
 
 
+def _prepared(ref: Reference, k: int, inputs_meta: tuple[TensorMeta, ...],
+              outputs_meta: tuple[TensorMeta, ...], device: str, seed: int, finite_fill: bool,
+              placed: tuple[list[torch.Tensor], list[torch.Tensor]]) -> _Set:
+    """Set k's inputs drawn and filled into `placed` (its inputs and output buffers), its outputs guarded."""
+    gen = generator(device, seed * 1000 + k)
+    flats = [make_flat(m, k, gen, device, j in ref.signed, ref.domains.get(j, ""))
+             for j, m in enumerate(inputs_meta)]
+    for view, flat in zip(placed[0], flats, strict=True):
+        fill(view, flat)
+    mine = [f.as_strided(m.shape, m.stride) for f, m in zip(flats, inputs_meta, strict=True)]  # never shared
+    outs = [Guarded(m, device, finite_fill, b) for m, b in zip(outputs_meta, placed[1], strict=True)]
+    return _Set(k, placed[0], mine, outs)
+
+
 def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
            outputs_meta: tuple[TensorMeta, ...], device: str, seed: int, settle_s: float = 0.0,
            finite_fill: bool = False, kinds: tuple[int, ...] = tuple(range(SETS))) -> Verdict:
@@ -289,49 +317,56 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
     values; all by default) and judge every output; see the module docstring.
     `settle_s`: every set placed at once, each output snapshot as its call returned, and once `settle_s` has
     passed after the last call, an output that changed since fails (work left running on a thread or stream
-    after a call returned): one wait for all the sets (one a set, each placed alone, where all of them would
-    take more than TOGETHER_BYTES). `finite_fill`: outputs pre-filled with finite random values instead of the
-    poison (see Guarded)."""
+    after a call returned): one wait for all the sets, during which they are judged (one a set, each placed
+    alone, where all of them would take more than TOGETHER_BYTES). `finite_fill`: outputs pre-filled with
+    finite random values instead of the poison (see Guarded). The reference runs on this process's own copy
+    of the inputs after the candidate's call (never before: the order cannot matter to a candidate)."""
     detail: dict[str, Any] = {"sets": []}
     # An index output (argmax, a sort) must equal eager's, and the hard values are full of ties (zeros; the
     # overflow edge in half precision) that a right kernel may break another way: such tasks run set 1 in
     # that set's place (where it is not among the kinds already), so that a verification keeps its two sets.
     index = any(not m.torch_dtype.is_floating_point and m.torch_dtype != torch.bool for m in outputs_meta)
     ks = list(dict.fromkeys(1 if index and k == len(SCALES) else k for k in kinds))
-    sets = len(ks)
     sizes = [(Guarded.size(m), m.torch_dtype) for m in outputs_meta]
     n_in, n_out = len(inputs_meta), len(outputs_meta)
     call_bytes = sum(m.nbytes for m in inputs_meta) + sum(n * d.itemsize for n, d in sizes)
-    together = bool(settle_s) and sets * call_bytes <= TOGETHER_BYTES
-    every = target.place(list(inputs_meta) * sets, sizes * sets) if together else None  # each set its own place
-    watched: list[tuple[int, list[Guarded], list[torch.Tensor]]] = []
+    together = bool(settle_s) and len(ks) * call_bytes <= TOGETHER_BYTES
+    every = target.place(list(inputs_meta) * len(ks), sizes * len(ks)) if together else None
+    called: list[_Set] = []  # called, not yet judged (with settle_s, all the sets placed together are)
     previous = None
-    returned = time.perf_counter()
     for at, k in enumerate(ks):
-        gen = generator(device, seed * 1000 + k)
-        flats = [make_flat(m, k, gen, device, j in ref.signed, ref.domains.get(j, ""))
-                 for j, m in enumerate(inputs_meta)]
-        mine = [f.as_strided(m.shape, m.stride) for f, m in zip(flats, inputs_meta, strict=True)]  # never shared
-        eager, high = ref(mine)
-        inputs, bufs = target.place(inputs_meta, sizes) if every is None else \
+        placed = target.place(inputs_meta, sizes) if every is None else \
             (every[0][at * n_in:(at + 1) * n_in], every[1][at * n_out:(at + 1) * n_out])
-        for view, flat in zip(inputs, flats, strict=True):
-            fill(view, flat)
-        outs = [Guarded(m, device, finite_fill, b) for m, b in zip(outputs_meta, bufs, strict=True)]
-        target.call(inputs, [o.tensor for o in outs])
+        s = _prepared(ref, k, inputs_meta, outputs_meta, device, seed, finite_fill, placed)
+        target.call(s.inputs, [o.tensor for o in s.outs])
         returned = time.perf_counter()
-        if settle_s:
-            watched = [*watched, (k, outs, [o.raw.clone() for o in outs])] if together else \
-                [(k, outs, [o.raw.clone() for o in outs])]  # placed alone: the next set reuses its place
-        bad, ref_now = _judge_set(k, inputs, mine, outs, eager, high, outputs_meta, previous, detail)
-        if bad is not None or at == sets - 1 or (settle_s and not together):
-            changed = _first_changed(watched, settle_s, returned, target.sync) if settle_s else None
-            if changed is not None:
-                return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {changed}: an output changed after the call "
-                               "returned (work left running on a thread or stream)", detail)
-            if bad is not None:
-                return bad
-        previous = ([o.tensor.clone() for o in outs], ref_now)
+        s.snaps = [o.raw.clone() for o in s.outs] if settle_s else []
+        called.append(s)
+        if together and at < len(ks) - 1:
+            continue  # judged after the last call, while the outputs settle
+        bad, previous = _judge_called(called, ref, outputs_meta, previous, detail)
+        changed = _first_changed(called, settle_s, returned, target.sync) if settle_s else None
+        if changed is not None:
+            return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {changed}: an output changed after the call "
+                           "returned (work left running on a thread or stream)", detail)
+        if bad is not None:
+            return bad
+        called = []
     detail["max_err"] = max((v for r in detail["sets"] for kk, v in r.items() if kk.startswith("err")),
                             default=0.0)
     return Verdict(Status.OK, "", detail)
+
+
+def _judge_called(called: list[_Set], ref: Reference, outputs_meta: tuple[TensorMeta, ...],
+                  previous: tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]] | None,
+                  detail: dict[str, Any]
+                  ) -> tuple[Verdict | None, tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]] | None]:
+    """The called sets judged in order against the reference on their inputs: the first failure (or None), and
+    the last set judged as the next one's `previous` (its outputs, eager's and their judged masks)."""
+    for s in called:
+        eager, high = ref(s.mine)
+        bad, ref_now = _judge_set(s.k, s.inputs, s.mine, s.outs, eager, high, outputs_meta, previous, detail)
+        if bad is not None:
+            return bad, previous
+        previous = ([o.tensor.clone() for o in s.outs], ref_now)
+    return None, previous

@@ -91,7 +91,8 @@ class Arena:
         self._map: mmap.mmap | None = None
         self._base: torch.Tensor | None = None
         self._slots: list[Slot] = []
-        self._used = secrets.randbelow(256) * _ALIGN
+        self._drawn = {"reset": -1, "page": -1}  # the last places drawn: never the same twice in a row
+        self._used = self._drawn_place("reset", 0)
         self._generation = 0
         self._cuda_args: tuple[Any, ...] | None = None
         self._pool: Any = None  # CUDA: the arena's own torch.cuda.MemPool
@@ -115,7 +116,7 @@ class Arena:
     def page(self) -> None:
         """Start what is planned next on a fresh page (inputs made read-only share no page with outputs), at
         a random offset into it and the next 15 (so that outputs, too, move from step to step)."""
-        self._used = -(-self._used // mmap.PAGESIZE) * mmap.PAGESIZE + secrets.randbelow(256) * _ALIGN
+        self._used = self._drawn_place("page", -(-self._used // mmap.PAGESIZE) * mmap.PAGESIZE)
 
     def flat(self, numel: int, dtype: torch.dtype) -> Slot:
         """A slot for a 1-D buffer of `numel` elements."""
@@ -162,7 +163,18 @@ class Arena:
     def reset(self) -> None:
         """Forget this step's slots; the next step plans from a random offset (up to 64 KiB), so that a
         candidate cannot tell one step's buffers from another's by their addresses."""
-        self._slots, self._used = [], secrets.randbelow(256) * _ALIGN
+        self._slots, self._used = [], self._drawn_place("reset", 0)
+
+    def _drawn_place(self, where: str, base: int) -> int:
+        """`base` plus a random offset of up to 255 alignments, not the place `where` drew last: a step planned
+        as the one before it (a verification's sets, each placed alone) gets other addresses for its inputs and
+        its outputs, so that a kernel keyed on its pointers is caught skipping work where the judge looks for
+        it (`stale_result`, forge.evaluate.repeats), not by chance elsewhere."""
+        place = self._drawn[where]
+        while place == self._drawn[where]:
+            place = base + secrets.randbelow(256) * _ALIGN
+        self._drawn[where] = place
+        return place
 
     def _close_map(self) -> None:
         self._base, self._cuda_args = None, None

@@ -96,7 +96,7 @@ def rel_errors(outs: list[torch.Tensor], ref: torch.Tensor, mask: torch.Tensor) 
     # in units of the scale: |r| + scale would overflow float32 near its largest values (an error of 0)
     inv = (1.0 / scale).to(wide)
     # 1 / (|r| + scale), made without |r| + scale (at most n + 1 in its units), in ra's place
-    per = ra.mul_(inv).add_(1.0).reciprocal_().mul_(inv)
+    per = torch.div(inv, ra.mul_(inv).add_(1.0), out=ra)
     diffs = [torch.sub(o, r).abs_().mul_(per) for o in outs]
     errs = [(d if whole else torch.where(mask, d, 0.0)).amax() for d in diffs]
     return torch.stack(errs).tolist()

@@ -79,3 +79,75 @@ def test_a_kernel_done_when_it_returns_passes(spec: TaskSpec, together: bool, mo
     v = _late(spec, target)
     assert v.status is Status.OK, v.message
     assert (target.places, target.calls) == ((1 if together else SETS), SETS)
+
+
+class Undone(LateWriter):
+    """Returns without computing; its "thread" writes the right values while the judge computes the reference
+    and puts back what the call had left just before the settle's compare: what is judged must be what the call
+    left when it returned, not what the buffers hold later."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        self.calls += 1
+        self.pending.append((inputs[0], outputs[0], outputs[0].clone()))
+
+    def right_now(self) -> None:
+        for x, out, _ in self.pending:
+            out.copy_(torch.nn.functional.silu(x))
+
+    def as_returned(self) -> None:
+        for _, out, returned in self.pending:
+            out.copy_(returned)
+
+
+@pytest.mark.parametrize("settle_s", [0.0, 0.02])
+@pytest.mark.parametrize("together", [True, False])
+def test_outputs_are_judged_as_the_call_left_them(spec: TaskSpec, together: bool, settle_s: float,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    if not together:
+        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    target, ref = Undone(), Reference(spec.source)
+    high = ref.high
+
+    def high_while_the_thread_writes(*xs: torch.Tensor) -> object:
+        target.right_now()
+        return high(*xs)
+
+    monkeypatch.setattr(ref, "high", high_while_the_thread_writes)
+    sleep = verify_module.time.sleep
+
+    def restored_before_the_compare(s: float) -> None:
+        target.as_returned()
+        sleep(s)
+
+    monkeypatch.setattr(verify_module.time, "sleep", restored_before_the_compare)
+    v = verify(target, ref, spec.inputs, spec.outputs, "cpu", 3, settle_s=settle_s, finite_fill=True,
+               kinds=(0, SETS - 1))
+    assert v.status is Status.WRONG_RESULT, v.message
+
+
+class WrongThenCrash(LateWriter):
+    """Wrong on the first set, dies on the second: the first set's failure is the verdict, as it would be with
+    the sets judged one at a time."""
+
+    def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        from forge.evaluate.judge import Rejected
+        from forge.kernel import EvalResult
+
+        self.calls += 1
+        if self.calls > 1:
+            raise Rejected(EvalResult(Status.CRASH, "died", device="cpu"))
+        outputs[0].copy_(torch.nn.functional.silu(inputs[0]) + 1)
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_a_set_that_failed_before_a_call_that_died_is_the_verdict(spec: TaskSpec, together: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    if not together:
+        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    v = verify(WrongThenCrash(None), Reference(spec.source), spec.inputs, spec.outputs, "cpu", 3, settle_s=0.02,
+               finite_fill=True, kinds=(0, SETS - 1))
+    assert v.status is Status.WRONG_RESULT, v.message

@@ -32,6 +32,10 @@ import torch
 from forge.capture.export import TensorMeta
 
 _ALIGN = 256  # bytes: what a vector load or a CUDA allocation would give
+# What the random places of one step (a reset and a page, forge.evaluate.arena.Arena._drawn_place) add at most: an
+# arena grows by this beyond a step's plan, so that the same plan again fits (a new mapping could put it at the
+# addresses the step before it had, by its shift).
+_SLACK = 2 * 256 * _ALIGN + mmap.PAGESIZE
 _PROT_READ, _PROT_WRITE = 1, 2
 
 
@@ -128,7 +132,7 @@ class Arena:
         size = max(self._used, _ALIGN)
         if size > self._size or self._base is None:  # grown by half again: few reallocations
             self._generation += 1
-            size = max(size, self._size * 3 // 2)
+            size = max(size + _SLACK, self._size * 3 // 2)
             self._close_map()
             if self.cuda:
                 from torch.multiprocessing.reductions import reduce_tensor

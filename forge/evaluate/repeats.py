@@ -48,7 +48,7 @@ def _judge_repeat(ref: Reference, task: TaskSpec, flats: list[torch.Tensor], out
                   filled: list[torch.Tensor], first: list[torch.Tensor]) -> Verdict | None:
     """One of `skips_repeats`' calls judged against the reference on its inputs (`flats`): a wrong output mostly
     as the fill left it, or the first call (`first`: its outputs, on the second call), is stale. The first call
-    too may be a repeated one: the verification before it placed its last set at the same addresses."""
+    is judged so too: a kernel may skip work keyed on something else than its pointers (its count of calls)."""
     eager, high = ref([f.as_strided(m.shape, m.stride) for f, m in zip(flats, task.inputs, strict=True)])
     where = "called again on the same buffers with new inputs" if first else "called on buffers of random values"
     for i, (o, e, h, m) in enumerate(zip(outputs, eager, high, task.outputs, strict=True)):

@@ -17,7 +17,7 @@ from forge.kernel import Status
 from forge.tolerance import all_finite, every, everywhere, rel_errors, tolerance
 
 if TYPE_CHECKING:
-    from forge.evaluate.verify import Guarded
+    from forge.evaluate.guarded import Guarded
 
 log = logging.getLogger(__name__)
 

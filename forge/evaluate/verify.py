@@ -7,7 +7,8 @@ Method (docs/verification.md):
 - outputs are allocated by the harness inside a larger buffer and filled with a NaN of a known bit
   pattern; the zones before and after each output must keep that pattern (out-of-bounds writes) and no
   output element may keep it (partial write);
-- inputs are compared bit for bit before and after the call;
+- inputs are compared bit for bit with this process's copy as the call returns, and the outputs judged are
+  copied then (work left running cannot change what is judged);
 - the reference runs in higher precision (fp16/bf16 -> fp32, fp32 -> fp64, dtype casts in the region
   promoted the same way); error = max |c - r| / (|r| + mean|r|) over elements where the reference
   (in the output dtype) and eager's own result are finite; it must be within max(TOLERANCE[dtype],
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import re
 import time
 from abc import ABC, abstractmethod
@@ -35,9 +35,10 @@ from typing import Any
 
 import torch
 
-from forge.capture.export import TensorMeta, output_view
+from forge.capture.export import TensorMeta
 from forge.capture.scans import precise
 from forge.evaluate.domains import input_domains, into
+from forge.evaluate.guarded import Guarded
 from forge.evaluate.integers import integers, signed_inputs
 from forge.evaluate.verdicts import Verdict, judge_output, judged
 from forge.kernel import Status
@@ -45,86 +46,8 @@ from forge.tasks.cut import compile_source
 
 SCALES = ((1.0, 0.0), (3.0, 0.5), (10.0, -1.0))
 SETS = len(SCALES) + 1  # input sets a verification runs: the scales, then the hard values
-_POISON = {torch.float32: (torch.int32, 0x7FC0DEAD), torch.float16: (torch.int16, 0x7E5A),  # NaNs
-           torch.bfloat16: (torch.int16, 0x7FDA), torch.float64: (torch.int64, 0x7FF8DEADBEEFDEAD),
-           torch.int64: (torch.int64, 0x5A5A5A5A5A5A5A5A), torch.int32: (torch.int32, 0x5A5A5A5A),
-           torch.int16: (torch.int16, 0x5A5A), torch.int8: (torch.int8, 0x5A), torch.uint8: (torch.uint8, 0x5A),
-           torch.bool: (torch.uint8, 0x5A)}
 log = logging.getLogger(__name__)
 _HIGHER = {torch.float16: torch.float32, torch.bfloat16: torch.float32, torch.float32: torch.float64}
-
-
-_NAN = {torch.float32: (torch.int32, 0x7FC00000, 22), torch.float16: (torch.int16, 0x7E00, 9),
-        torch.bfloat16: (torch.int16, 0x7FC0, 6), torch.float64: (torch.int64, 0x7FF8000000000000, 51)}
-_SYSTEM = random.SystemRandom()  # the guard words: not derived from any seed the worker was sent
-
-
-class Guarded:
-    """An output tensor inside a buffer with guard zones on both sides.
-
-    The output is filled with one poison word (for floats a NaN with a random payload, for 32- and 64-bit
-    integers a random value, new for every buffer); the guard zones with random bits, kept to compare: a
-    candidate cannot tell a verification buffer by a fixed word before, in or after its output."""
-
-    def __init__(self, meta: TensorMeta, device: str, finite: bool = False, buf: torch.Tensor | None = None
-                 ) -> None:
-        """`finite`: the output holds random finite values instead of the poison word, as a reused buffer
-        would (a kernel that computes only when it sees NaN in its output is caught by the comparison);
-        unwritten elements then show as wrong values, not as a partial write. `buf`: where the buffer lives
-        (`Guarded.size(meta)` elements of its dtype, shared with the worker), else allocated here."""
-        dtype = meta.torch_dtype
-        self.finite = finite
-        self.meta = meta
-        self.guard = self.guard_elements(dtype)
-        bits_dtype, self.bits = _POISON[dtype]
-        if dtype in _NAN:
-            _, base, payload = _NAN[dtype]
-            self.bits = _signed(base | _SYSTEM.getrandbits(payload), bits_dtype)
-        elif dtype in (torch.int32, torch.int64):
-            self.bits = _signed(_SYSTEM.getrandbits(32 if dtype == torch.int32 else 64), bits_dtype)
-        self.buf = torch.empty(self.size(meta), dtype=dtype, device=device) if buf is None else buf
-        self.raw = self.buf.view(torch.uint8) if dtype == torch.bool else self.buf.view(bits_dtype)
-        self.raw.fill_(self.bits)
-        g, n = self.guard, meta.numel
-        gen = torch.Generator(device=self.raw.device).manual_seed(_SYSTEM.getrandbits(63))
-        for zone in (self.raw[:g], self.raw[g + n:]):
-            info = torch.iinfo(zone.dtype)
-            zone.copy_(torch.randint(info.min, info.max, zone.shape, generator=gen, device=zone.device,
-                                     dtype=zone.dtype))
-        self._zones = (self.raw[:g].clone(), self.raw[g + n:].clone())
-        self.tensor = output_view(self.buf[g:g + n], meta)
-        if finite and n:
-            fill = torch.randn(n, generator=gen, device=self.raw.device) * 3 if dtype.is_floating_point else \
-                torch.randint(0, 2 if dtype == torch.bool else 16, (n,), generator=gen, device=self.raw.device)
-            self.buf[g:g + n].copy_(fill.to(dtype))
-
-    @staticmethod
-    def guard_elements(dtype: torch.dtype) -> int:
-        """Elements of each guard zone."""
-        return max(256, 4096 // dtype.itemsize)
-
-    @classmethod
-    def size(cls, meta: TensorMeta) -> int:
-        """Elements of the whole buffer: the output and its two guard zones."""
-        return meta.numel + 2 * cls.guard_elements(meta.torch_dtype)
-
-    def guards_intact(self) -> bool:
-        """True if nothing was written outside the output."""
-        g, n = self.guard, self.meta.numel
-        return bool(torch.equal(self.raw[:g], self._zones[0]) and torch.equal(self.raw[g + n:], self._zones[1]))
-
-    def poisoned(self) -> torch.Tensor:
-        """Mask of output elements that still hold the poison (none, for a finite fill)."""
-        g, n = self.guard, self.meta.numel
-        if self.finite:
-            return torch.zeros(self.meta.shape, dtype=torch.bool, device=self.raw.device)
-        return output_view(self.raw[g:g + n] == self.bits, self.meta)  # the mask in the output's own layout
-
-
-def _signed(value: int, dtype: torch.dtype) -> int:
-    """An unsigned bit pattern as the signed integer of `dtype`'s width (what fill_ takes)."""
-    width = torch.iinfo(dtype).bits
-    return value - (1 << width) if value >= 1 << (width - 1) else value
 
 
 def make_input(meta: TensorMeta, k: int, gen: torch.Generator, device: str, signed: bool = False,
@@ -252,12 +175,12 @@ TOGETHER_BYTES = 1 << 30  # a verification whose sets take more than this in all
 
 
 def _first_changed(watched: list[_Set], settle_s: float, since: float, sync: Callable[[], None]) -> int | None:
-    """The first set whose output buffers changed from their snapshot (taken as its call returned) once
-    `settle_s` has passed since `since` (the last call's return); None if none did."""
+    """The first set whose output buffers changed from their copy taken as its call returned, once `settle_s` has
+    passed since `since` (the last call's return); None if none did."""
     time.sleep(max(0.0, settle_s - (time.perf_counter() - since)))
     sync()
     for s in watched:
-        if any(not torch.equal(o.raw, b) for o, b in zip(s.outs, s.snaps, strict=True)):
+        if any(not torch.equal(o.raw, f.raw) for o, f in zip(s.outs, s.frozen, strict=True)):
             return s.k
     return None
 
@@ -265,33 +188,40 @@ def _first_changed(watched: list[_Set], settle_s: float, since: float, sync: Cal
 @dataclass
 class _Set:
     """One input set of a verification as placed and called: its kind, the placed inputs, this process's own copy
-    of them, the guarded outputs and (with a settle) their snapshots as the call returned."""
+    of them, the guarded outputs, and as the call returned: a copy of the outputs (`frozen`, what is judged) and
+    the first input that differed from this process's copy (`mutated`)."""
 
     k: int
     inputs: list[torch.Tensor]
     mine: list[torch.Tensor]
     outs: list[Guarded]
-    snaps: list[torch.Tensor] = field(default_factory=list)
+    frozen: list[Guarded] = field(default_factory=list)
+    mutated: int | None = None
+
+    def returned(self) -> None:
+        """What the call left, taken as it returned: work it left running cannot change what is judged (and
+        what it changes later is seen by `_first_changed`)."""
+        self.frozen = [o.frozen() for o in self.outs]
+        self.mutated = next((j for j, (x, m) in enumerate(zip(self.inputs, self.mine, strict=True))
+                             if not torch.equal(x, m)), None)
 
 
-def _judge_set(k: int, inputs: list[torch.Tensor], mine: list[torch.Tensor], outs: list[Guarded],
-               eager: list[torch.Tensor], high: list[torch.Tensor], outputs_meta: tuple[TensorMeta, ...],
+def _judge_set(s: _Set, eager: list[torch.Tensor], high: list[torch.Tensor], outputs_meta: tuple[TensorMeta, ...],
                previous: tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]] | None,
                detail: dict[str, Any]) -> tuple[Verdict | None, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Set k's inputs (unchanged?) and outputs judged; the failure, if any, and the set's eager outputs with
-    their judged masks (for the next set's same-output check)."""
-    row: dict[str, Any] = {"set": k}
+    """A called set's inputs (unchanged by the call?) and outputs (as the call returned) judged; the failure, if
+    any, and the set's eager outputs with their judged masks (for the next set's same-output check)."""
+    row: dict[str, Any] = {"set": s.k}
     detail["sets"].append(row)
-    for j, (x, s) in enumerate(zip(inputs, mine, strict=True)):
-        if not torch.equal(x, s):
-            return Verdict(Status.INPUT_MUTATED, f"input {j} changed during the call", detail), []
-    masks = [judged(e, h, o.tensor.dtype) for o, e, h in zip(outs, eager, high, strict=True)]
-    for i, (o, e, h, m, finite) in enumerate(zip(outs, eager, high, outputs_meta, masks, strict=True)):
+    if s.mutated is not None:
+        return Verdict(Status.INPUT_MUTATED, f"input {s.mutated} changed during the call", detail), []
+    masks = [judged(e, h, o.tensor.dtype) for o, e, h in zip(s.frozen, eager, high, strict=True)]
+    for i, (o, e, h, m, finite) in enumerate(zip(s.frozen, eager, high, outputs_meta, masks, strict=True)):
         prev = None if previous is None else (previous[0][i], *previous[1][i])
-        bad = judge_output(f"output {i} ({m.short()})", o, e, h, m, finite, prev, row, f"set {k}", i)
+        bad = judge_output(f"output {i} ({m.short()})", o, e, h, m, finite, prev, row, f"set {s.k}", i)
         if bad is not None:
             if bad.mismatch is not None:
-                detail["mismatch"] = {**bad.mismatch.as_dict(), "set": k}
+                detail["mismatch"] = {**bad.mismatch.as_dict(), "set": s.k}
             return replace(bad, detail=detail), []
     return None, list(zip(eager, masks, strict=True))
 
@@ -319,8 +249,10 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
     passed after the last call, an output that changed since fails (work left running on a thread or stream
     after a call returned): one wait for all the sets, during which they are judged (one a set, each placed
     alone, where all of them would take more than TOGETHER_BYTES). `finite_fill`: outputs pre-filled with
-    finite random values instead of the poison (see Guarded). The reference runs on this process's own copy
-    of the inputs after the candidate's call (never before: the order cannot matter to a candidate)."""
+    finite random values instead of the poison (see Guarded). What is judged is taken as each call returns (its
+    outputs copied, its inputs compared with this process's copy), and the reference runs on that copy after
+    the call: so the sets placed together are judged while the outputs settle. A call that fails after an
+    earlier set was called gives way to that set's failure, as one set at a time would."""
     detail: dict[str, Any] = {"sets": []}
     # An index output (argmax, a sort) must equal eager's, and the hard values are full of ties (zeros; the
     # overflow edge in half precision) that a right kernel may break another way: such tasks run set 1 in
@@ -338,14 +270,22 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
         placed = target.place(inputs_meta, sizes) if every is None else \
             (every[0][at * n_in:(at + 1) * n_in], every[1][at * n_out:(at + 1) * n_out])
         s = _prepared(ref, k, inputs_meta, outputs_meta, device, seed, finite_fill, placed)
-        target.call(s.inputs, [o.tensor for o in s.outs])
+        try:
+            target.call(s.inputs, [o.tensor for o in s.outs])
+        except Exception:  # the call's failure (forge.evaluate.judge.Rejected): after an earlier set's, as one by one
+            bad, _, _ = _judge_called(called, ref, outputs_meta, previous, detail)
+            if bad is not None:
+                return bad
+            ref(s.mine)  # a broken reference is one whatever the candidate did
+            raise
         returned = time.perf_counter()
-        s.snaps = [o.raw.clone() for o in s.outs] if settle_s else []
+        s.returned()
         called.append(s)
         if together and at < len(ks) - 1:
             continue  # judged after the last call, while the outputs settle
-        bad, previous = _judge_called(called, ref, outputs_meta, previous, detail)
-        changed = _first_changed(called, settle_s, returned, target.sync) if settle_s else None
+        bad, previous, upto = _judge_called(called, ref, outputs_meta, previous, detail)
+        # as one by one: a failing set's verdict gives way to changes in the sets up to it, not after it
+        changed = _first_changed(called[:upto], settle_s, returned, target.sync) if settle_s else None
         if changed is not None:
             return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {changed}: an output changed after the call "
                            "returned (work left running on a thread or stream)", detail)
@@ -360,13 +300,15 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
 def _judge_called(called: list[_Set], ref: Reference, outputs_meta: tuple[TensorMeta, ...],
                   previous: tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]] | None,
                   detail: dict[str, Any]
-                  ) -> tuple[Verdict | None, tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]] | None]:
-    """The called sets judged in order against the reference on their inputs: the first failure (or None), and
-    the last set judged as the next one's `previous` (its outputs, eager's and their judged masks)."""
-    for s in called:
+                  ) -> tuple[Verdict | None, tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]] | None,
+                             int]:
+    """The called sets judged in order against the reference on their inputs: the first failure (or None), the
+    last set judged as the next one's `previous` (its outputs, eager's and their judged masks), and how many of
+    the sets count (up to the failing one; all without a failure)."""
+    for at, s in enumerate(called):
         eager, high = ref(s.mine)
-        bad, ref_now = _judge_set(s.k, s.inputs, s.mine, s.outs, eager, high, outputs_meta, previous, detail)
+        bad, ref_now = _judge_set(s, eager, high, outputs_meta, previous, detail)
         if bad is not None:
-            return bad, previous
-        previous = ([o.tensor.clone() for o in s.outs], ref_now)
-    return None, previous
+            return bad, previous, at + 1
+        previous = ([f.tensor for f in s.frozen], ref_now)  # copies already
+    return None, previous, len(called)

@@ -103,8 +103,7 @@ class Undone(LateWriter):
             out.copy_(returned)
 
 
-@pytest.mark.parametrize("settle_s", [0.0, 0.02])
-@pytest.mark.parametrize("together", [True, False])
+@pytest.mark.parametrize(("settle_s", "together"), [(0.0, False), (0.02, False), (0.02, True)])
 def test_outputs_are_judged_as_the_call_left_them(spec: TaskSpec, together: bool, settle_s: float,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     if not together:
@@ -151,3 +150,50 @@ def test_a_set_that_failed_before_a_call_that_died_is_the_verdict(spec: TaskSpec
     v = verify(WrongThenCrash(None), Reference(spec.source), spec.inputs, spec.outputs, "cpu", 3, settle_s=0.02,
                finite_fill=True, kinds=(0, SETS - 1))
     assert v.status is Status.WRONG_RESULT, v.message
+
+
+class InputWriter(LateWriter):
+    """Right when it returns, but leaves a thread that doubles its input 5 ms later."""
+
+    def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        outputs[0].copy_(torch.nn.functional.silu(inputs[0]))
+        x = inputs[0]
+        t = threading.Timer(0.005, lambda: x.mul_(2.0))
+        t.start()
+        self.threads.append(t)
+        self.calls += 1
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_an_input_written_after_the_call_returned_fails(spec: TaskSpec, together: bool,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    if not together:
+        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    v = _late(spec, InputWriter(None))
+    assert v.status is Status.INPUT_MUTATED and "after the call returned" in v.message, v.message
+
+
+class ChangeThenCrash(LateWriter):
+    """Right on the first set but its thread changes that output 5 ms later; dies on the second call."""
+
+    def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        from forge.evaluate.judge import Rejected
+        from forge.kernel import EvalResult
+
+        self.calls += 1
+        if self.calls > 1:
+            raise Rejected(EvalResult(Status.CRASH, "died", device="cpu"))
+        outputs[0].copy_(torch.nn.functional.silu(inputs[0]))
+        out = outputs[0]
+        t = threading.Timer(0.005, lambda: out.add_(1.0))
+        t.start()
+        self.threads.append(t)
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_a_change_before_a_call_that_died_is_the_verdict(spec: TaskSpec, together: bool,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    if not together:
+        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    v = _late(spec, ChangeThenCrash(None))
+    assert v.status is Status.FORBIDDEN_CONCURRENCY, v.message

@@ -32,9 +32,10 @@ import torch
 from forge.capture.export import TensorMeta
 
 _ALIGN = 256  # bytes: what a vector load or a CUDA allocation would give
-# What the random places of one step (a reset and a page, forge.evaluate.arena.Arena._drawn_place) add at most: an
-# arena grows by this beyond a step's plan, so that the same plan again fits (a new mapping could put it at the
-# addresses the step before it had, by its shift).
+# What the random places of one step (a reset and a page, forge.evaluate.arena.Arena._drawn_place) add at most to its
+# plan (16 pages of the reset's offset rounded up, and the page's offset: 130,816 bytes): the arena grows to this
+# beyond a step's plan, so that the same plan again never grows it (a new mapping could put it at the addresses
+# the step before it had, by its shift).
 _SLACK = 2 * 256 * _ALIGN + mmap.PAGESIZE
 _PROT_READ, _PROT_WRITE = 1, 2
 
@@ -97,6 +98,7 @@ class Arena:
         self._slots: list[Slot] = []
         self._drawn = {"reset": -1, "page": -1}  # the last places drawn: never the same twice in a row
         self._used = self._drawn_place("reset", 0)
+        self._bare = 0  # what this step planned without its random places: whether `open` grows the arena
         self._generation = 0
         self._cuda_args: tuple[Any, ...] | None = None
         self._pool: Any = None  # CUDA: the arena's own torch.cuda.MemPool
@@ -108,6 +110,7 @@ class Arena:
             shape, stride, dtype = (m.shape, m.stride, m.dtype) if isinstance(m, TensorMeta) else m
             slot = Slot(self._used, tuple(shape), tuple(stride), dtype)
             self._used += -(-slot.span_bytes // _ALIGN) * _ALIGN
+            self._bare += -(-slot.span_bytes // _ALIGN) * _ALIGN
             slots.append(slot)
         self._slots += slots
         return slots
@@ -121,6 +124,7 @@ class Arena:
         """Start what is planned next on a fresh page (inputs made read-only share no page with outputs), at
         a random offset into it and the next 15 (so that outputs, too, move from step to step)."""
         self._used = self._drawn_place("page", -(-self._used // mmap.PAGESIZE) * mmap.PAGESIZE)
+        self._bare = -(-self._bare // mmap.PAGESIZE) * mmap.PAGESIZE
 
     def flat(self, numel: int, dtype: torch.dtype) -> Slot:
         """A slot for a 1-D buffer of `numel` elements."""
@@ -129,10 +133,12 @@ class Arena:
     def open(self) -> ArenaRef:
         """Make room for everything planned and share it (bytes from earlier steps are left as they were: every
         step fills what it reads); call `view` after."""
-        size = max(self._used, _ALIGN)
-        if size > self._size or self._base is None:  # grown by half again: few reallocations
+        # grown by the plan without its random places (the same plan again decides the same, wherever it was
+        # placed: what it planned is at most that plus _SLACK), and by half again: few reallocations
+        size = max(self._bare + _SLACK, self._used)
+        if size > self._size or self._base is None:
             self._generation += 1
-            size = max(size + _SLACK, self._size * 3 // 2)
+            size = max(size, self._size * 3 // 2)
             self._close_map()
             if self.cuda:
                 from torch.multiprocessing.reductions import reduce_tensor
@@ -167,7 +173,7 @@ class Arena:
     def reset(self) -> None:
         """Forget this step's slots; the next step plans from a random offset (up to 64 KiB), so that a
         candidate cannot tell one step's buffers from another's by their addresses."""
-        self._slots, self._used = [], self._drawn_place("reset", 0)
+        self._slots, self._used, self._bare = [], self._drawn_place("reset", 0), 0
 
     def _drawn_place(self, where: str, base: int) -> int:
         """`base` plus a random offset of up to 255 alignments, not the place `where` drew last: a step planned

@@ -4,9 +4,9 @@ Method (docs/verification.md):
 - four input sets with fresh random values per call: three never zero, of growing magnitude and spread
   (N(0,1); 3*N(0,1)+0.5; 10*N(0,1)-1, which gives softmax logits around +-30), then the hard values
   (zeros, magnitudes at the edge of exp's overflow, large magnitudes, negatives: `_hard`);
-- outputs are allocated by the harness inside a larger buffer and filled with a NaN of a known bit
-  pattern; the zones before and after each output must keep that pattern (out-of-bounds writes) and no
-  output element may keep it (partial write);
+- outputs are allocated by the harness inside a larger buffer, filled with a NaN whose payload is drawn for the
+  buffer (forge.evaluate.guarded); the zones before and after each output hold random bits that must stay
+  (out-of-bounds writes) and no output element may keep the NaN (partial write);
 - inputs are compared bit for bit with this process's copy as the call returns, and the outputs judged are
   copied then (work left running cannot change what is judged);
 - the reference runs in higher precision (fp16/bf16 -> fp32, fp32 -> fp64, dtype casts in the region
@@ -174,14 +174,21 @@ def fill(view: torch.Tensor, flat: torch.Tensor) -> None:
 TOGETHER_BYTES = 1 << 30  # a verification whose sets take more than this in all places (and settles) one at a time
 
 
-def _first_changed(watched: list[_Set], settle_s: float, since: float, sync: Callable[[], None]) -> int | None:
-    """The first set whose output buffers changed from their copy taken as its call returned, once `settle_s` has
-    passed since `since` (the last call's return); None if none did."""
+def _settled(watched: list[_Set], settle_s: float, since: float, sync: Callable[[], None], detail: dict[str, Any]
+             ) -> Verdict | None:
+    """Once `settle_s` has passed since `since` (the last call's return): the first set whose output buffers
+    changed from their copy taken as its call returned (`forbidden_concurrency`), or whose inputs changed from
+    this process's copy since (`input_mutated`: its call compared them as it returned); None if none did."""
     time.sleep(max(0.0, settle_s - (time.perf_counter() - since)))
     sync()
     for s in watched:
         if any(not torch.equal(o.raw, f.raw) for o, f in zip(s.outs, s.frozen, strict=True)):
-            return s.k
+            return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {s.k}: an output changed after the call returned "
+                           "(work left running on a thread or stream)", detail)
+        j = next((j for j, (x, m) in enumerate(zip(s.inputs, s.mine, strict=True)) if not torch.equal(x, m)), None)
+        if j is not None:
+            return Verdict(Status.INPUT_MUTATED, f"set {s.k}: input {j} changed after the call returned (work "
+                           "left running on a thread or stream, or another call writing it)", detail)
     return None
 
 
@@ -200,7 +207,7 @@ class _Set:
 
     def returned(self) -> None:
         """What the call left, taken as it returned: work it left running cannot change what is judged (and
-        what it changes later is seen by `_first_changed`)."""
+        what it changes later is seen by `_settled`)."""
         self.frozen = [o.frozen() for o in self.outs]
         self.mutated = next((j for j, (x, m) in enumerate(zip(self.inputs, self.mine, strict=True))
                              if not torch.equal(x, m)), None)
@@ -245,14 +252,14 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
            finite_fill: bool = False, kinds: tuple[int, ...] = tuple(range(SETS))) -> Verdict:
     """Run the candidate on fresh input sets of the `kinds` (indices into the SETS: the scales, then the hard
     values; all by default) and judge every output; see the module docstring.
-    `settle_s`: every set placed at once, each output snapshot as its call returned, and once `settle_s` has
-    passed after the last call, an output that changed since fails (work left running on a thread or stream
-    after a call returned): one wait for all the sets, during which they are judged (one a set, each placed
+    `settle_s`: every set placed at once, each output copied as its call returned, and once `settle_s` has
+    passed after the last call, an output or input that changed since fails (work left running on a thread or
+    stream after a call returned): one wait for all the sets, during which they are judged (one a set, each placed
     alone, where all of them would take more than TOGETHER_BYTES). `finite_fill`: outputs pre-filled with
     finite random values instead of the poison (see Guarded). What is judged is taken as each call returns (its
     outputs copied, its inputs compared with this process's copy), and the reference runs on that copy after
     the call: so the sets placed together are judged while the outputs settle. A call that fails after an
-    earlier set was called gives way to that set's failure, as one set at a time would."""
+    earlier set was called gives way to that set's failure or change, as one set at a time would."""
     detail: dict[str, Any] = {"sets": []}
     # An index output (argmax, a sort) must equal eager's, and the hard values are full of ties (zeros; the
     # overflow edge in half precision) that a right kernel may break another way: such tasks run set 1 in
@@ -265,7 +272,7 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
     together = bool(settle_s) and len(ks) * call_bytes <= TOGETHER_BYTES
     every = target.place(list(inputs_meta) * len(ks), sizes * len(ks)) if together else None
     called: list[_Set] = []  # called, not yet judged (with settle_s, all the sets placed together are)
-    previous = None
+    previous, returned = None, time.perf_counter()
     for at, k in enumerate(ks):
         placed = target.place(inputs_meta, sizes) if every is None else \
             (every[0][at * n_in:(at + 1) * n_in], every[1][at * n_out:(at + 1) * n_out])
@@ -273,9 +280,10 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
         try:
             target.call(s.inputs, [o.tensor for o in s.outs])
         except Exception:  # the call's failure (forge.evaluate.judge.Rejected): after an earlier set's, as one by one
-            bad, _, _ = _judge_called(called, ref, outputs_meta, previous, detail)
-            if bad is not None:
-                return bad
+            bad, _, upto = _judge_called(called, ref, outputs_meta, previous, detail)
+            found = (_settled(called[:upto], settle_s, returned, target.sync, detail) if settle_s else None) or bad
+            if found is not None:
+                return found
             ref(s.mine)  # a broken reference is one whatever the candidate did
             raise
         returned = time.perf_counter()
@@ -285,12 +293,9 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
             continue  # judged after the last call, while the outputs settle
         bad, previous, upto = _judge_called(called, ref, outputs_meta, previous, detail)
         # as one by one: a failing set's verdict gives way to changes in the sets up to it, not after it
-        changed = _first_changed(called[:upto], settle_s, returned, target.sync) if settle_s else None
-        if changed is not None:
-            return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {changed}: an output changed after the call "
-                           "returned (work left running on a thread or stream)", detail)
-        if bad is not None:
-            return bad
+        found = (_settled(called[:upto], settle_s, returned, target.sync, detail) if settle_s else None) or bad
+        if found is not None:
+            return found
         called = []
     detail["max_err"] = max((v for r in detail["sets"] for kk, v in r.items() if kk.startswith("err")),
                             default=0.0)

@@ -20,6 +20,9 @@ from pathlib import Path
 import torch
 from helion.runtime.kernel import BoundKernel
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import stamp  # noqa: E402  (benchmarks/)
+
 
 def no_tuning(*args: object, **kwargs: object) -> None:
     raise AssertionError("Helion autotuned an exported kernel")
@@ -72,8 +75,8 @@ def main() -> None:
         steady = per_call_us(lambda: form.launch(ins, outs))  # noqa: B023 - called here
         ref = per_call_us(lambda: kernel.reference(*ins))  # noqa: B023 - called here
         err = max((o.float() - w.float()).abs().max().item() for o, w in zip(outs, kernel.reference(*ins), strict=True))
-        row = {"kernel": name, "rc": rc, "first_call_ms": first_ms, "steady_us": steady, "reference_us": ref,
-               "max_abs_err": err}
+        row = {**stamp("cuda"), "kernel": name, "rc": rc, "first_call_ms": first_ms, "steady_us": steady,
+               "reference_us": ref, "max_abs_err": err}
         rows.append(row)
         print(f"{name}: rc {rc}, first call {first_ms:.1f} ms (compile, no autotuning), steady {steady:.1f} us a "
               f"call (reference {ref:.1f}), max abs err {err:.2e}")

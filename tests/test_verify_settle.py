@@ -13,8 +13,9 @@ import torch
 
 import forge.evaluate.verify as verify_module
 from forge.capture.export import TensorMeta, capture
+from forge.evaluate.judge import Rejected
 from forge.evaluate.verify import SETS, Reference, Target, verify
-from forge.kernel import Status, TaskSpec
+from forge.kernel import EvalResult, Status, TaskSpec
 from forge.tasks.cut import build_tasks
 
 
@@ -43,6 +44,17 @@ class LateWriter(Target):
         pass
 
 
+def _placing(monkeypatch: pytest.MonkeyPatch, together: bool) -> None:
+    """The sets placed together (the default for small tasks) or each alone (as tasks over TOGETHER_BYTES are)."""
+    if not together:
+        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+
+
+def _died() -> Rejected:
+    """What a call whose worker died raises (forge.evaluate.judge.Remote.step)."""
+    return Rejected(EvalResult(Status.CRASH, "died", device="cpu"))
+
+
 @pytest.fixture(scope="module")
 def spec() -> TaskSpec:
     (task,) = build_tasks(capture(torch.nn.SiLU(), [torch.randn(64, 100)]).graph_module.graph)
@@ -60,8 +72,7 @@ def _late(spec: TaskSpec, target: LateWriter):
 @pytest.mark.parametrize("late", [0, SETS - 1])
 def test_an_output_written_after_the_call_returned_fails(spec: TaskSpec, late: int, together: bool,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    if not together:
-        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    _placing(monkeypatch, together)
     target = LateWriter(late)
     v = _late(spec, target)
     assert v.status is Status.FORBIDDEN_CONCURRENCY, v.message
@@ -73,8 +84,7 @@ def test_an_output_written_after_the_call_returned_fails(spec: TaskSpec, late: i
 
 @pytest.mark.parametrize("together", [True, False])
 def test_a_kernel_done_when_it_returns_passes(spec: TaskSpec, together: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    if not together:
-        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    _placing(monkeypatch, together)
     target = LateWriter(None)
     v = _late(spec, target)
     assert v.status is Status.OK, v.message
@@ -106,8 +116,7 @@ class Undone(LateWriter):
 @pytest.mark.parametrize(("settle_s", "together"), [(0.0, False), (0.02, False), (0.02, True)])
 def test_outputs_are_judged_as_the_call_left_them(spec: TaskSpec, together: bool, settle_s: float,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    if not together:
-        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    _placing(monkeypatch, together)
     target, ref = Undone(), Reference(spec.source)
     high = ref.high
 
@@ -133,20 +142,16 @@ class WrongThenCrash(LateWriter):
     the sets judged one at a time."""
 
     def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        from forge.evaluate.judge import Rejected
-        from forge.kernel import EvalResult
-
         self.calls += 1
         if self.calls > 1:
-            raise Rejected(EvalResult(Status.CRASH, "died", device="cpu"))
+            raise _died()
         outputs[0].copy_(torch.nn.functional.silu(inputs[0]) + 1)
 
 
 @pytest.mark.parametrize("together", [True, False])
 def test_a_set_that_failed_before_a_call_that_died_is_the_verdict(spec: TaskSpec, together: bool,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    if not together:
-        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    _placing(monkeypatch, together)
     v = verify(WrongThenCrash(None), Reference(spec.source), spec.inputs, spec.outputs, "cpu", 3, settle_s=0.02,
                finite_fill=True, kinds=(0, SETS - 1))
     assert v.status is Status.WRONG_RESULT, v.message
@@ -167,8 +172,7 @@ class InputWriter(LateWriter):
 @pytest.mark.parametrize("together", [True, False])
 def test_an_input_written_after_the_call_returned_fails(spec: TaskSpec, together: bool,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    if not together:
-        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    _placing(monkeypatch, together)
     v = _late(spec, InputWriter(None))
     assert v.status is Status.INPUT_MUTATED and "after the call returned" in v.message, v.message
 
@@ -177,12 +181,9 @@ class ChangeThenCrash(LateWriter):
     """Right on the first set but its thread changes that output 5 ms later; dies on the second call."""
 
     def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        from forge.evaluate.judge import Rejected
-        from forge.kernel import EvalResult
-
         self.calls += 1
         if self.calls > 1:
-            raise Rejected(EvalResult(Status.CRASH, "died", device="cpu"))
+            raise _died()
         outputs[0].copy_(torch.nn.functional.silu(inputs[0]))
         out = outputs[0]
         t = threading.Timer(0.005, lambda: out.add_(1.0))
@@ -193,7 +194,6 @@ class ChangeThenCrash(LateWriter):
 @pytest.mark.parametrize("together", [True, False])
 def test_a_change_before_a_call_that_died_is_the_verdict(spec: TaskSpec, together: bool,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    if not together:
-        monkeypatch.setattr(verify_module, "TOGETHER_BYTES", 0)
+    _placing(monkeypatch, together)
     v = _late(spec, ChangeThenCrash(None))
     assert v.status is Status.FORBIDDEN_CONCURRENCY, v.message

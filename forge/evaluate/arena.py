@@ -109,8 +109,9 @@ class Arena:
         for m in metas:
             shape, stride, dtype = (m.shape, m.stride, m.dtype) if isinstance(m, TensorMeta) else m
             slot = Slot(self._used, tuple(shape), tuple(stride), dtype)
-            self._used += -(-slot.span_bytes // _ALIGN) * _ALIGN
-            self._bare += -(-slot.span_bytes // _ALIGN) * _ALIGN
+            aligned = -(-slot.span_bytes // _ALIGN) * _ALIGN
+            self._used += aligned
+            self._bare += aligned
             slots.append(slot)
         self._slots += slots
         return slots

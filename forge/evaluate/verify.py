@@ -185,11 +185,18 @@ def _settled(watched: list[_Set], settle_s: float, since: float, sync: Callable[
         if any(not torch.equal(o.raw, f.raw) for o, f in zip(s.outs, s.frozen, strict=True)):
             return Verdict(Status.FORBIDDEN_CONCURRENCY, f"set {s.k}: an output changed after the call returned "
                            "(work left running on a thread or stream)", detail)
-        j = next((j for j, (x, m) in enumerate(zip(s.inputs, s.mine, strict=True)) if not torch.equal(x, m)), None)
+        j = s.changed_input()
         if j is not None:
             return Verdict(Status.INPUT_MUTATED, f"set {s.k}: input {j} changed after the call returned (work "
                            "left running on a thread or stream, or another call writing it)", detail)
     return None
+
+
+def _first_failure(upto: list[_Set], bad: Verdict | None, settle_s: float, since: float, sync: Callable[[], None],
+                   detail: dict[str, Any]) -> Verdict | None:
+    """As with the sets judged one at a time: a change in the sets up to a failing one (`upto`: all of them
+    without a failure) once they settled, else the failure `bad`, else None."""
+    return (_settled(upto, settle_s, since, sync, detail) if settle_s else None) or bad
 
 
 @dataclass
@@ -209,8 +216,12 @@ class _Set:
         """What the call left, taken as it returned: work it left running cannot change what is judged (and
         what it changes later is seen by `_settled`)."""
         self.frozen = [o.frozen() for o in self.outs]
-        self.mutated = next((j for j, (x, m) in enumerate(zip(self.inputs, self.mine, strict=True))
-                             if not torch.equal(x, m)), None)
+        self.mutated = self.changed_input()
+
+    def changed_input(self) -> int | None:
+        """The first placed input that differs from this process's copy, or None."""
+        return next((j for j, (x, m) in enumerate(zip(self.inputs, self.mine, strict=True))
+                     if not torch.equal(x, m)), None)
 
 
 def _judge_set(s: _Set, eager: list[torch.Tensor], high: list[torch.Tensor], outputs_meta: tuple[TensorMeta, ...],
@@ -281,7 +292,7 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
             target.call(s.inputs, [o.tensor for o in s.outs])
         except Exception:  # the call's failure (forge.evaluate.judge.Rejected): after an earlier set's, as one by one
             bad, _, upto = _judge_called(called, ref, outputs_meta, previous, detail)
-            found = (_settled(called[:upto], settle_s, returned, target.sync, detail) if settle_s else None) or bad
+            found = _first_failure(called[:upto], bad, settle_s, returned, target.sync, detail)
             if found is not None:
                 return found
             ref(s.mine)  # a broken reference is one whatever the candidate did
@@ -292,8 +303,7 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
         if together and at < len(ks) - 1:
             continue  # judged after the last call, while the outputs settle
         bad, previous, upto = _judge_called(called, ref, outputs_meta, previous, detail)
-        # as one by one: a failing set's verdict gives way to changes in the sets up to it, not after it
-        found = (_settled(called[:upto], settle_s, returned, target.sync, detail) if settle_s else None) or bad
+        found = _first_failure(called[:upto], bad, settle_s, returned, target.sync, detail)
         if found is not None:
             return found
         called = []

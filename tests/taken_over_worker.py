@@ -8,7 +8,9 @@ this process, as code that escaped into the interpreter could, then serves steps
 - `verifier`: forge.evaluate.verify's, forge.evaluate.verdicts' and forge.evaluate.spotcheck's judging made to
   pass everything (the judge is elsewhere);
 - `forged-verdict`: every step answered with a verdict of its own (accepted, 1 us against eager's 1 s);
-- `partial-reply`: every step answered with the start of a message, then nothing (forge must not wait forever).
+- `partial-reply`: every step answered with the start of a message, then nothing (forge must not wait forever);
+- `opens-judge-memory`: opens forge's `/proc/<pid>/mem` for writing, as a kernel's host code could at run time,
+  and prints what came of it ("judge memory: opened" or the error's name) to the worker's log, then serves.
 """
 
 import sys
@@ -57,6 +59,14 @@ elif mode == "partial-reply":  # after the ready message: a header for 1000 byte
         self._send(b"\x00\x00\x03\xe8" + b"x" * 10)
         time.sleep(3600)
     Connection.send = stalls
+elif mode == "opens-judge-memory":
+    import os
+
+    try:
+        with open(f"/proc/{os.getppid()}/mem", "r+b"):
+            print("judge memory: opened", flush=True)
+    except OSError as e:
+        print(f"judge memory: {type(e).__name__}", flush=True)
 elif mode != "none":
     raise SystemExit(f"unknown mode {mode!r}")
 sys.exit(forge.evaluate.child.main(argv))

@@ -445,10 +445,31 @@ def test_a_cuda_worker_gets_the_network_namespace_and_the_filter_by_default(monk
 
 
 @pytest.mark.cuda
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="giving up root needs root")
+@pytest.mark.parametrize("name", ["cuda/good.cu", "triton/good.py", "cuda/wrong_result.cu", "cuda/oob_write.cu"])
+def test_a_cuda_worker_started_by_root_gives_it_up_and_judges_as_before(name: str, spec: TaskSpec,
+                                                                          tmp_path: Path) -> None:
+    """Since the CUDA arena is shared as a file descriptor (forge.evaluate.devmem), a CUDA worker, and the one
+    that judges its Python candidates, run as FORGE_WORKER_USER (nobody) as CPU workers do."""
+    import pwd
+
+    from forge.evaluate.parent import Worker
+    from forge.evaluate.privilege import DEFAULT_USER
+
+    with Evaluator("cuda", timeout_s=60, cache_dir=tmp_path) as ev:
+        ev.worker.close()
+        ev.worker = Worker("cuda")
+        r = ev.evaluate(spec, Candidate.from_file(CORPUS / name))
+        assert r.status.value == expected(CORPUS / name), r.message
+        judged = ev.worker.python_worker() if name.endswith(".py") else ev.worker
+        assert judged.privileged == "" and judged.uid == pwd.getpwnam(DEFAULT_USER).pw_uid
+
+
+@pytest.mark.cuda
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="a network namespace needs root")
 @pytest.mark.parametrize("name", ["cuda/good.cu", "triton/good.py", "cuda/wrong_result.cu"])
 def test_a_cuda_worker_in_its_own_network_namespace_judges_as_before(name: str, spec: TaskSpec, tmp_path: Path) -> None:
-    """What holds since CUDA workers get a network namespace by default: CUDA, Triton and the CUDA IPC arena
+    """What holds since CUDA workers get a network namespace by default: CUDA, Triton and the shared arena
     work inside one (on an H200 at 4288f8d all three passed)."""
     from forge.evaluate.parent import Worker
 

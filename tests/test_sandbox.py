@@ -28,6 +28,7 @@ from forge.kernel import Candidate, Status, TaskSpec
 from forge.tasks.cut import build_tasks
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "cpu"
+TAKEN_OVER = str(Path(__file__).resolve().parent / "taken_over_worker.py")
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
                                 reason="a worker gives up root only when forge runs as root (Linux)")
@@ -70,6 +71,21 @@ def test_a_root_worker_gives_up_root() -> None:
     with Worker("cpu", unprivileged=False) as w:
         w.start()
         assert w.uid == 0 and w.privileged
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_worker_that_gave_up_root_cannot_open_forges_memory(device: str) -> None:
+    """A worker taken over at run time opens /proc/<forge>/mem for writing (where it could rewrite the judge):
+    refused when it gave up root, a CUDA worker too (its arena comes over a socket, forge.evaluate.devmem);
+    the control, a worker that kept root, opens it."""
+    nobody = pwd.getpwnam(DEFAULT_USER).pw_uid
+    for unprivileged in (True, False):
+        with Worker(device, program=(TAKEN_OVER, "opens-judge-memory"), unprivileged=unprivileged) as w:
+            w.start()
+            said = w.log_tail()
+            assert w.uid == (nobody if unprivileged else 0), (w.privileged, said)
+            assert ("judge memory: opened" in said) is not unprivileged, said
+            assert "judge memory:" in said
 
 
 def test_a_worker_that_gave_up_root_cannot_read_forges_environment(spec: TaskSpec, cache: Path) -> None:

@@ -7,10 +7,10 @@ reads them back in place once the worker says the call returned.
 - CPU: one memfd per worker, created by the judge and inherited by the worker at start (no file to open:
   the worker's seccomp filter kills opens for writing); the judge sizes it with ftruncate (a call the
   worker may not make); the worker maps it once per generation (a new one whenever the judge resizes it).
-- CUDA: one device buffer, allocated by the judge in a memory pool of its own (IPC shares a whole
-  segment: it must hold nothing else of the judge's), opened in the worker by CUDA IPC
-  (`torch.multiprocessing.reductions`, a handle sent over the pipe) once per generation; the worker
-  synchronises the device before it answers.
+- CUDA: one device allocation of the judge's own, made with CUDA's virtual memory API and exported as a
+  file descriptor (forge.evaluate.devmem: legacy CUDA IPC fails when the worker is another user), which the
+  worker receives over a Unix socket and maps once per generation; the worker synchronises the device
+  before it answers.
 A `Slot` is a place in the arena: an offset and the tensor's shape, stride and dtype. Messages carry
 slots and an `ArenaRef`, never tensors.
 """
@@ -23,6 +23,7 @@ import functools
 import mmap
 import os
 import secrets
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from forge.capture.export import TensorMeta
+from forge.evaluate import devmem
 
 _ALIGN = 256  # bytes: what a vector load or a CUDA allocation would give
 # What the random places of one step (a reset and a page, forge.evaluate.arena.Arena._drawn_place) add at most to its
@@ -65,12 +67,13 @@ class Slot:
 
 @dataclass(frozen=True)
 class ArenaRef:
-    """How a worker reaches this step's arena: the memfd it inherited (CPU) or a CUDA IPC handle."""
+    """How a worker reaches this step's arena: the memfd it inherited (CPU), or (CUDA) the descriptor the
+    judge sends for this generation over the worker's socket (forge.evaluate.devmem)."""
 
     size: int
     generation: int  # new whenever the judge reallocates or resizes the arena: the worker maps it again
     fd: int = -1
-    cuda: tuple[Any, ...] | None = None  # torch.multiprocessing.reductions.reduce_tensor's arguments
+    cuda: bool = False
 
 
 def _view(base: torch.Tensor, slot: Slot) -> torch.Tensor:
@@ -100,8 +103,7 @@ class Arena:
         self._used = self._drawn_place("reset", 0)
         self._bare = 0  # what this step planned without its random places: whether `open` grows the arena
         self._generation = 0
-        self._cuda_args: tuple[Any, ...] | None = None
-        self._pool: Any = None  # CUDA: the arena's own torch.cuda.MemPool
+        self.cuda_fd = -1  # CUDA: the descriptor that exports this generation's memory (forge.evaluate.devmem)
 
     def plan(self, metas: Sequence[TensorMeta | tuple[tuple[int, ...], tuple[int, ...], str]]) -> list[Slot]:
         """Slots for these tensors (metas, or (shape, stride, dtype)) after those already planned this step."""
@@ -142,23 +144,16 @@ class Arena:
             size = max(size, self._size * 3 // 2)
             self._close_map()
             if self.cuda:
-                from torch.multiprocessing.reductions import reduce_tensor
-
-                # A pool of its own whose blocks are never split: CUDA IPC shares the whole segment a block
-                # lies in, so the segment must hold nothing of the judge's (its references, its copies).
-                if self._pool is None:
-                    self._pool = torch.cuda.MemPool(no_split=True)
-                index = torch.device(self.device).index  # use_mem_pool wants an index, not "cuda"
+                index = torch.device(self.device).index
                 index = torch.cuda.current_device() if index is None else index
-                with torch.cuda.use_mem_pool(self._pool, device=index):
-                    self._base = torch.empty(size, dtype=torch.uint8, device=self.device)
-                self._cuda_args = tuple(reduce_tensor(self._base)[1])
+                size = devmem.rounded(size, index)
+                self.cuda_fd, self._base = devmem.allocate(size, index)
             else:
                 os.ftruncate(self.fd, size)
                 self._map = mmap.mmap(self.fd, size)
                 self._base = torch.frombuffer(self._map, dtype=torch.uint8)
             self._size = size
-        return ArenaRef(self._size, self._generation, fd=self.fd, cuda=self._cuda_args)
+        return ArenaRef(self._size, self._generation, fd=self.fd, cuda=self.cuda)
 
     @property
     def data_ptr(self) -> int:
@@ -188,7 +183,10 @@ class Arena:
         return place
 
     def _close_map(self) -> None:
-        self._base, self._cuda_args = None, None
+        self._base = None  # CUDA: unmapped with its last view (forge.evaluate.devmem)
+        if self.cuda_fd >= 0:
+            os.close(self.cuda_fd)
+            self.cuda_fd = -1
         if self._map is not None:
             try:
                 self._map.close()
@@ -198,7 +196,7 @@ class Arena:
 
     def shrink(self, keep_bytes: int = 1 << 30) -> None:
         """Give the arena's memory back when it grew past `keep_bytes` (between requests); the next `open`
-        allocates a new one (a CUDA arena's memory goes once the worker maps the new one)."""
+        allocates a new one (a CUDA arena's memory goes once the worker maps the new one, or dies)."""
         if self._size > keep_bytes:
             self._close_map()
             if not self.cuda:  # sealed against shrinking: a new memfd, which a new worker inherits (the old
@@ -227,14 +225,15 @@ def _sealed_memfd() -> int:
 
 class Mapped:
     """The worker's side of the arena: tensors at slots. The mapping is kept across steps until the judge
-    reallocates the arena (a new generation), so a step costs no mapping and no CUDA IPC open."""
+    reallocates the arena (a new generation), so a step costs no mapping and no descriptor to receive."""
 
     _current: tuple[int, Any, torch.Tensor] | None = None  # (generation, mmap or None, base) of this process
 
-    def __init__(self, ref: ArenaRef) -> None:
+    def __init__(self, ref: ArenaRef, shared: socket.socket | None = None) -> None:
+        """`shared`: the socket a CUDA worker receives its arena's descriptors on."""
         if Mapped._current is None or Mapped._current[0] != ref.generation:
             Mapped._current = None  # the old mapping goes with its last view (an mmap unmaps when freed)
-            Mapped._current = (ref.generation, *_map(ref))
+            Mapped._current = (ref.generation, *_map(ref, shared))
         self.base = Mapped._current[2]
 
     def view(self, slot: Slot) -> torch.Tensor:
@@ -263,13 +262,15 @@ class Mapped:
         del self.base
 
 
-def _map(ref: ArenaRef) -> tuple[mmap.mmap | None, torch.Tensor]:
-    if ref.cuda is not None:
-        from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-        args = list(ref.cuda)
-        args[6] = 0  # the storage's device: the worker sees its one GPU as device 0
-        return None, rebuild_cuda_tensor(*args)
+def _map(ref: ArenaRef, shared: socket.socket | None) -> tuple[mmap.mmap | None, torch.Tensor]:
+    if ref.cuda:
+        if shared is None:
+            raise RuntimeError("a CUDA arena needs the socket its descriptor comes over")
+        fd = devmem.receive(shared, ref.generation)
+        try:
+            return None, devmem.attach(fd, ref.size)  # the worker sees its one GPU as device 0
+        finally:
+            os.close(fd)
     # populated at once: the page faults are not charged to the first call of the candidate
     m = mmap.mmap(ref.fd, ref.size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
     return m, torch.frombuffer(m, dtype=torch.uint8)

@@ -17,6 +17,7 @@ workers; CUDA workers but the one for Python candidates) installs its seccomp fi
 from __future__ import annotations
 
 import importlib
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from forge.bench import Clock, interleaved
+from forge.evaluate import devmem
 from forge.evaluate.arena import Mapped
 from forge.evaluate.confine import available as confine_available
 from forge.evaluate.confine import confine
@@ -39,8 +41,9 @@ from forge.tasks.cut import compile_source
 
 
 class _State:
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, shares: socket.socket | None = None) -> None:
         self.device = device
+        self.shares = shares  # CUDA: where the judge sends the arena's descriptors (forge.evaluate.devmem)
         self.clock: Clock | None = None
         self.launcher: Launcher | None = None
         self.load: Load | None = None
@@ -69,7 +72,7 @@ def _load(msg: Load, st: _State) -> Reply:
 
 def _call(msg: Call, st: _State) -> Reply:
     assert st.launcher is not None, "Load first"
-    mapped = Mapped(msg.arena)
+    mapped = Mapped(msg.arena, st.shares)
     try:
         call = st.launcher.bind(mapped.views(msg.inputs), mapped.views(msg.outputs), guard=msg.guard)
         protected = msg.readonly and mapped.protect(msg.inputs, writable=False)
@@ -87,7 +90,7 @@ def _call(msg: Call, st: _State) -> Reply:
 def _time(msg: Time, st: _State) -> Reply:
     assert st.launcher is not None and st.load is not None and st.eager is not None, "Load first"
     task, eager = st.load.task, st.eager
-    mapped = Mapped(msg.arena)
+    mapped = Mapped(msg.arena, st.shares)
     try:
         inputs = mapped.views(msg.inputs)
         # Every timed call into fresh outputs (a fair clock, as eager and the dispatcher have), on inputs
@@ -143,7 +146,8 @@ def _preload(modules: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Serve steps until the parent closes the pipe. argv: FD_IN FD_OUT DEVICE [confine] [private] [preload=M1,M2]:
+    """Serve steps until the parent closes the pipe. argv: FD_IN FD_OUT DEVICE [confine] [private] [preload=M1,M2]
+    [shares=FD] (a CUDA worker's socket for its arena, forge.evaluate.devmem):
     with `confine`, the worker installs forge.evaluate.confine's seccomp filter on itself before the first step,
     once everything it needs is imported (the modules of `preload` too) and initialised, and tells the parent
     whether it could ("ready", reason or ""); with `private` (a worker that gave up root), it makes itself
@@ -155,7 +159,9 @@ def main(argv: list[str]) -> int:
         nondumpable()
     if device.startswith("cuda"):
         torch.cuda.init()
-    st = _State(device)
+        devmem.ready()
+    shares = [int(a.removeprefix("shares=")) for a in argv[3:] if a.startswith("shares=")]
+    st = _State(device, socket.socket(fileno=shares[0]) if shares else None)
     unconfined = ""
     if "confine" in argv[3:]:
         unconfined = confine_available()

@@ -15,6 +15,7 @@ import os
 import pickle
 import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -27,11 +28,12 @@ from pathlib import Path
 
 from forge.backends import BACKENDS
 from forge.capture.scans import libraries
+from forge.evaluate import devmem
 from forge.evaluate.arena import Arena
 from forge.evaluate.judge import evaluate
 from forge.evaluate.privilege import Drop, account, needed_paths, plan
 from forge.evaluate.sandbox import limits, network_namespace, nondumpable, process_uid, scrubbed_env, worker_env
-from forge.evaluate.steps import EvalRequest, Load, Reply, decode, valid_reply
+from forge.evaluate.steps import Call, EvalRequest, Load, Reply, Time, decode, valid_reply
 from forge.kernel import EvalResult, Status
 
 log = logging.getLogger(__name__)
@@ -99,8 +101,9 @@ class Worker:
         kernels' throughput was 221.5 a minute against 224-235 without, on an H100 on 2026-12-06). A confined
         CUDA worker judges no Python (Triton, Helion) candidate itself, whose compiler is a program it would
         start: `request` hands those to an unconfined worker of its own (`python_worker`, its own process,
-        started at the first one). A CUDA worker keeps forge's user: under
-        another it cannot map forge's CUDA IPC arenas ("mapping of buffer object failed" on every candidate).
+        started at the first one). A CUDA worker gives up root as a CPU one does (unless FORGE_CUDA_SANDBOX=0):
+        its arena comes as a file descriptor over a socket of its own (forge.evaluate.devmem; legacy CUDA IPC
+        fails between two users).
         `program`: what Python runs (tests run a worker a candidate has taken over). `triton_cache`: a
         subfolder of Triton's cache that is this worker's own (one per GPU of a pool)."""
         cuda = device.startswith("cuda")
@@ -126,7 +129,9 @@ class Worker:
         self.arena = Arena(device)
         self._memfd = self.arena.memfds
         self.uid: int | None = None  # the user the running worker is (read from /proc)
-        self.drop, self.privileged = self._plan((not cuda) if unprivileged is None else unprivileged)
+        self.drop, self.privileged = self._plan(sandbox if unprivileged is None else unprivileged)
+        self._shares: socket.socket | None = None  # CUDA: where the arena's descriptors go to the running worker
+        self._shared = 0  # the arena generation the running worker has been sent
         self._life = threading.Lock()  # `start` (from a judging slot's thread) against `close` (from any)
         self._closed = False
 
@@ -141,8 +146,8 @@ class Worker:
         os.chmod(self.lib, 0o755)
         who = account() if want else None
         if who is None:
-            return None, "forge runs as root and the worker keeps it (FORGE_WORKER_USER=root, or a CUDA worker: " \
-                "CUDA IPC needs forge's user)" if os.geteuid() == 0 else ""
+            return None, "forge runs as root and the worker keeps it (FORGE_WORKER_USER=root, or a CUDA worker " \
+                "with FORGE_CUDA_SANDBOX=0)" if os.geteuid() == 0 else ""
         uid, gid, user = who
         os.chmod(root, 0o711)  # the worker reaches its folders, lists none of forge's (worker.log)
         os.chown(self.scratch, uid, gid)
@@ -169,15 +174,21 @@ class Worker:
         extra = self.env()
         dev = "cuda:0" if self.device.startswith("cuda") else self.device  # the one GPU it sees
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
+        theirs = self._socket()
         flags = [*(["confine"] if self.confined else []), *(["private"] if self.drop else []),
-                 *([f"preload={','.join(self.preload)}"] if self.preload else [])]
+                 *([f"preload={','.join(self.preload)}"] if self.preload else []),
+                 *([f"shares={theirs.fileno()}"] if theirs else [])]
+        passed = (req_r, res_w, *([theirs.fileno()] if theirs else []))
         try:
-            self.proc = self._popen([*self.program, str(req_r), str(res_w), dev, *flags], req_r, res_w, extra)
+            self.proc = self._popen([*self.program, str(req_r), str(res_w), dev, *flags], passed, extra)
         except subprocess.SubprocessError as e:  # the drop failed in the preexec: as forge's user, said so
             log.warning("the %s worker could not give up root (%s): it runs as root", self.device, e)
             self.drop, self.privileged = None, f"giving up root failed at start: {e}"
             flags.remove("private")
-            self.proc = self._popen([*self.program, str(req_r), str(res_w), dev, *flags], req_r, res_w, extra)
+            self.proc = self._popen([*self.program, str(req_r), str(res_w), dev, *flags], passed, extra)
+        finally:
+            if theirs is not None:
+                theirs.close()
         os.close(req_r)
         os.close(res_w)
         self._memfd = self.arena.memfds  # which memfd this worker inherited
@@ -205,9 +216,33 @@ class Worker:
             raise RuntimeError(f"the {self.device} worker died at start ({_signal_name(code)}): "
                                f"{self.log_tail()}") from e
 
-    def _popen(self, args: list[str], req_r: int, res_w: int, extra: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _socket(self) -> socket.socket | None:
+        """A CUDA worker's socket pair for its arena's descriptors (forge.evaluate.devmem): this end kept, the
+        worker's returned (None on the CPU, whose arena's memfd the worker inherits)."""
+        if self._shares is not None:
+            self._shares.close()
+        self._shares, self._shared = None, 0
+        if not self.device.startswith("cuda"):
+            return None
+        self._shares, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._shares.settimeout(5.0)  # a worker that never reads fills its queue: it is restarted, not waited on
+        return theirs
+
+    def _share(self, msg: object) -> None:
+        """Send the running CUDA worker the arena's descriptor of a step's generation it has not had."""
+        ref = msg.arena if isinstance(msg, Call | Time) else None
+        if ref is not None and ref.cuda and ref.generation != self._shared and self._shares is not None:
+            try:
+                devmem.send(self._shares, ref.generation, self.arena.cuda_fd)
+            except OSError:  # a worker that leaves its socket full is one that broke the protocol: it dies
+                if self.proc is not None and self.proc.poll() is None:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                raise
+            self._shared = ref.generation
+
+    def _popen(self, args: list[str], passed: tuple[int, ...], extra: dict[str, str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, *args], pass_fds=(req_r, res_w) + ((self.arena.fd,) if self.arena.fd >= 0 else ()),
+            [sys.executable, *args], pass_fds=passed + ((self.arena.fd,) if self.arena.fd >= 0 else ()),
             env=scrubbed_env(extra), cwd=self.scratch, stdin=subprocess.DEVNULL, stdout=self.logf,
             stderr=subprocess.STDOUT, preexec_fn=limits(self.memory_bytes, None, self.isolate_network, self.drop))
 
@@ -237,6 +272,9 @@ class Worker:
             for c in (self.conn_in, self.conn_out):
                 c.close()
             self.logf.close()
+        if self._shares is not None:
+            self._shares.close()
+            self._shares = None
         self.proc = None
 
     def log_tail(self, n: int = 800) -> str:
@@ -318,6 +356,7 @@ class Worker:
     def _exchange(self, msg: object, timeout_s: float, start: float) -> Reply | EvalResult:
         assert self.proc is not None
         try:
+            self._share(msg)
             self.conn_out.send(msg)
             try:
                 raw = _recv_within(self.conn_in, time.monotonic() + timeout_s)

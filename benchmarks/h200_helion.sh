@@ -4,7 +4,8 @@
 # recipes+helion run of the RMSNorm + SwiGLU example exported and its Helion forms called in a fresh process: Helion's
 # autotuner is a tripwire there (an exported kernel runs its shipped config), and the first call (compile) and the
 # steady state are timed. Writes $OUT/{env,pytest_helion,helion_recipes,optimize,export,first_call}.txt and
-# $OUT/helion_recipes.json. Carry the helion wheels to try (below: the newest that works here is used).
+# $OUT/helion_recipes.json. HELION_ARGS="--autotune 30" also runs Helion's autotuner on each anchor's best Helion
+# candidate (benchmarks/triton_recipes.py). Carry the helion wheels to try (below: the newest that works here is used).
 # The image lacks helion and what it imports, and sqlalchemy and pyseccomp (the evaluator); fetch the wheels here
 # into .whl/ (ignored by git; about 12 MB) and carry .whl:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -13,7 +14,7 @@
 #   and other releases to try in .whl/helion-try/ (out of the other scripts' .whl/*.whl):
 #   for v in 1.5.1 1.4.0 1.2.0; do python3 -m pip download --no-deps -d .whl/helion-try helion==$v; done
 # (numpy and typing-extensions come with the image's torch; helion's scikit-learn and SciPy, 45 MB, only feed its
-# autotuner's surrogate models, imported if present, and forge never runs the autotuner.)
+# autotuner's surrogate models, imported if present: without them forge's autotune step runs Helion's PatternSearch.)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -54,13 +55,19 @@ cat "$OUT/helion_versions.txt" 2>/dev/null | grep -E "works|does not|Error" | ta
 python3 -c 'import helion' || exit 1
 if [ -z "${SKIP_TESTS:-}" ]; then
   python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_recipe_helion.py tests/test_tilechecks.py \
-    tests/test_export_helion.py 2>&1 | tail -15 | tee "$OUT/pytest_helion.txt"
+    tests/test_export_helion.py tests/test_helion_autotune.py 2>&1 | tail -15 | tee "$OUT/pytest_helion.txt"
 fi
 python3 benchmarks/triton_recipes.py --backend helion --json "$OUT/helion_recipes.json" ${HELION_ARGS:-} --only "$@" \
   2>&1 | grep -v -i "warn" | tee "$OUT/helion_recipes.txt"
+[ -n "${ONLY_RECIPES:-}" ] && exit 0  # the table alone (the optimize, export and first call below skipped)
 DB="$OUT/forge.db"
 python3 -m forge.cli optimize examples/rmsnorm_swiglu.py --device cuda --eval --policy recipes+helion \
   --seconds "${SECONDS_BUDGET:-180}" --db "$DB" --out "$OUT/runs" 2>&1 | tail -12 | tee "$OUT/optimize.txt"
+python3 - "$DB" <<'PY' 2>&1 | tee "$OUT/autotune_meta.txt"  # what Helion's autotuner did at each task's end
+import json, sqlite3, sys
+for key, meta in sqlite3.connect(sys.argv[1]).execute("select key, meta from tasks"):
+    print(key, json.dumps(json.loads(meta or "{}").get("autotune")))
+PY
 python3 -m forge.cli export last "$OUT/repo" --db "$DB" 2>&1 | tee "$OUT/export.txt" || exit 1
 python3 benchmarks/helion_first_call.py "$OUT/repo/build/torch-universal" --json "$OUT/first_call.json" 2>&1 \
   | tee "$OUT/first_call.txt"

@@ -75,7 +75,8 @@ def test_a_root_worker_gives_up_root() -> None:
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_a_worker_that_gave_up_root_cannot_open_forges_memory(device: str) -> None:
-    """A worker taken over at run time opens /proc/<forge>/mem for writing (where it could rewrite the judge):
+    """Code in a worker's process opens /proc/<forge>/mem for writing (where it could rewrite the judge; before
+    the filter, which on CUDA lets such an open through):
     refused when it gave up root, a CUDA worker too (its arena comes over a socket, forge.evaluate.devmem);
     the control, a worker that kept root, opens it."""
     nobody = pwd.getpwnam(DEFAULT_USER).pw_uid

@@ -47,6 +47,11 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
+class ArenaError(RuntimeError):
+    """The worker could not map the arena: it cannot serve this step or the next (the judge sent this
+    generation's descriptor once), so the worker restarts (forge.evaluate.child)."""
+
+
 @dataclass(frozen=True)
 class Slot:
     """A tensor at `offset` bytes into the arena."""
@@ -117,6 +122,11 @@ class Arena:
             slots.append(slot)
         self._slots += slots
         return slots
+
+    @property
+    def generation(self) -> int:
+        """The allocation's generation (new at every reallocation)."""
+        return self._generation
 
     @property
     def size(self) -> int:
@@ -209,6 +219,8 @@ class Arena:
         """Release the arena."""
         self._close_map()
         self._base = None
+        if self.cuda:
+            devmem.release()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -265,10 +277,15 @@ class Mapped:
 def _map(ref: ArenaRef, shared: socket.socket | None) -> tuple[mmap.mmap | None, torch.Tensor]:
     if ref.cuda:
         if shared is None:
-            raise RuntimeError("a CUDA arena needs the socket its descriptor comes over")
-        fd = devmem.receive(shared, ref.generation)
+            raise ArenaError("a CUDA arena needs the socket its descriptor comes over")
+        try:
+            fd = devmem.receive(shared, ref.generation)
+        except (OSError, EOFError) as e:  # TimeoutError among them: the judge sent nothing
+            raise ArenaError(f"no descriptor for arena generation {ref.generation}: {e}") from e
         try:
             return None, devmem.attach(fd, ref.size)  # the worker sees its one GPU as device 0
+        except RuntimeError as e:
+            raise ArenaError(f"could not map the arena: {e}") from e
         finally:
             os.close(fd)
     # populated at once: the page faults are not charged to the first call of the candidate

@@ -28,14 +28,14 @@ import torch
 
 from forge.bench import Clock, interleaved
 from forge.evaluate import devmem
-from forge.evaluate.arena import Mapped
+from forge.evaluate.arena import ArenaError, Mapped
 from forge.evaluate.confine import available as confine_available
 from forge.evaluate.confine import confine
 from forge.evaluate.domains import input_domains
 from forge.evaluate.launch import ForbiddenTorch, Launcher, LaunchError, call_on
 from forge.evaluate.sandbox import nondumpable
 from forge.evaluate.spotcheck import SpotCheck
-from forge.evaluate.steps import Call, Load, Reply, Time
+from forge.evaluate.steps import Call, Load, Reply, Time, Tune
 from forge.kernel import Status
 from forge.tasks.cut import compile_source
 
@@ -116,13 +116,31 @@ def _time(msg: Time, st: _State) -> Reply:
         mapped.close()
 
 
-_STEPS: dict[type, Callable[[Any, _State], Reply]] = {Load: _load, Call: _call, Time: _time}
+def _tune(msg: Tune, st: _State) -> Reply:
+    assert st.launcher is not None and st.load is not None, "Load first"
+    if st.load.backend != "helion":
+        return Reply(Status.LAUNCH_ERROR, f"only Helion candidates are autotuned, not {st.load.backend}")
+    from forge.evaluate.helion_tune import autotune
+
+    mapped = Mapped(msg.arena, st.shares)
+    try:
+        found = autotune(st.launcher.module, st.launcher.py_fn, mapped.views(msg.inputs), mapped.views(msg.outputs),
+                         msg.effort, msg.budget_s)
+        st.sync()
+        return Reply(message=found)
+    finally:
+        mapped.close()
 
 
-def handle(msg: Load | Call | Time, st: _State) -> Reply:
+_STEPS: dict[type, Callable[[Any, _State], Reply]] = {Load: _load, Call: _call, Time: _time, Tune: _tune}
+
+
+def handle(msg: Load | Call | Time | Tune, st: _State) -> Reply:
     """One step -> its reply; failures are replies with their status."""
     try:
         return _STEPS[type(msg)](msg, st)
+    except ArenaError as e:  # a fresh worker gets the arena again
+        return Reply(Status.CRASH, f"the worker could not map the arena: {e}"[:500], fatal=True)
     except ForbiddenTorch as e:
         return Reply(Status.FORBIDDEN_TORCH, str(e))
     except LaunchError as e:
@@ -162,6 +180,8 @@ def main(argv: list[str]) -> int:
         devmem.ready()
     shares = [int(a.removeprefix("shares=")) for a in argv[3:] if a.startswith("shares=")]
     st = _State(device, socket.socket(fileno=shares[0]) if shares else None)
+    if st.shares is not None:
+        st.shares.settimeout(60.0)  # the descriptor comes before its step: never wait on one that does not
     unconfined = ""
     if "confine" in argv[3:]:
         unconfined = confine_available()

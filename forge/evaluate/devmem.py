@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import socket
 import struct
 
 import torch
+
+log = logging.getLogger(__name__)
 
 _PINNED, _POSIX_FD, _ON_DEVICE, _READ_WRITE = 1, 1, 1, 3  # CUmemAllocationType, ...HandleType, CUmemLocationType
 
@@ -74,7 +77,9 @@ def rounded(size: int, index: int) -> int:
 
 
 class _Mapping:
-    """A mapped range; unmapped (after the device is idle) when the last tensor viewing it goes."""
+    """A mapped range; released (after the device is idle) once the last tensor viewing it is gone. The
+    release is queued, not done in `__del__` (which may run on any thread, during a CUDA graph's capture): the
+    owner's next `allocate`, `attach` or `release` does it."""
 
     def __init__(self, ptr: int, size: int, index: int) -> None:
         self.ptr, self.size, self.index = ptr, size, index
@@ -82,12 +87,22 @@ class _Mapping:
                                          "strides": None}
 
     def __del__(self) -> None:
+        _dead.append((self.ptr, self.size, self.index))  # list.append: atomic under the GIL
+
+
+_dead: list[tuple[int, int, int]] = []  # ranges whose last view is gone, to unmap
+
+
+def release() -> None:
+    """Unmap the ranges whose last view is gone (after their device is idle)."""
+    while _dead:
+        ptr, size, index = _dead.pop()
         try:
-            torch.cuda.synchronize(self.index)  # no kernel still reads or writes the range
-            _check("cuMemUnmap", ctypes.c_ulonglong(self.ptr), ctypes.c_size_t(self.size))
-            _check("cuMemAddressFree", ctypes.c_ulonglong(self.ptr), ctypes.c_size_t(self.size))
-        except Exception:  # noqa: BLE001 - at exit, or with the context gone: the process's end frees it
-            pass
+            torch.cuda.synchronize(index)  # no kernel still reads or writes the range
+            _check("cuMemUnmap", ctypes.c_ulonglong(ptr), ctypes.c_size_t(size))
+            _check("cuMemAddressFree", ctypes.c_ulonglong(ptr), ctypes.c_size_t(size))
+        except RuntimeError as e:  # the range stays mapped until the process ends: memory lost, not corrupted
+            log.warning("could not release an arena mapping of %d bytes: %s", size, e)
 
 
 def _map(handle: int, size: int, index: int) -> torch.Tensor:
@@ -104,16 +119,20 @@ def _map(handle: int, size: int, index: int) -> torch.Tensor:
             raise
     finally:
         _check("cuMemRelease", ctypes.c_ulonglong(handle))
-    owner = _Mapping(ptr.value, size, index)  # from here the range is unmapped with its last view
+    owner = _Mapping(ptr.value, size, index)  # from here the range is unmapped after its last view
     access = _Access()
     access.location.type, access.location.id, access.flags = _ON_DEVICE, index, _READ_WRITE
     _check("cuMemSetAccess", ptr, ctypes.c_size_t(size), ctypes.byref(access), ctypes.c_size_t(1))
-    return torch.as_tensor(owner, device=f"cuda:{index}")
+    t = torch.as_tensor(owner, device=f"cuda:{index}")
+    if t.data_ptr() != ptr.value:  # a copy (another device inferred from the pointer): not memory both map
+        raise RuntimeError(f"the mapping at {ptr.value:#x} came back as a copy on {t.device}")
+    return t
 
 
 def allocate(size: int, index: int) -> tuple[int, torch.Tensor]:
     """(fd, tensor): `size` bytes (a multiple of `rounded`) on device `index`, exported as a file descriptor
     (the caller closes it) and mapped here."""
+    release()
     torch.cuda.synchronize(index)  # the device's primary context current on this thread
     handle = ctypes.c_ulonglong()
     _check("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(_prop(index)),
@@ -124,6 +143,7 @@ def allocate(size: int, index: int) -> tuple[int, torch.Tensor]:
     except RuntimeError:
         _check("cuMemRelease", handle)
         raise
+    os.set_inheritable(fd.value, False)  # no program forge starts gets it
     try:
         return fd.value, _map(handle.value, size, index)
     except RuntimeError:
@@ -133,6 +153,7 @@ def allocate(size: int, index: int) -> tuple[int, torch.Tensor]:
 
 def attach(fd: int, size: int, index: int = 0) -> torch.Tensor:
     """The memory a file descriptor from `allocate` (in any process) exports, mapped in this one."""
+    release()
     torch.cuda.synchronize(index)
     handle = ctypes.c_ulonglong()
     _check("cuMemImportFromShareableHandle", ctypes.byref(handle), ctypes.c_void_p(fd), _POSIX_FD)

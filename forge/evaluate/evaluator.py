@@ -20,6 +20,7 @@ from typing import Any
 
 from forge.bench import DEFAULT_BENCH, BenchConfig
 from forge.errors import UserError
+from forge.evaluate.autotune import Tuned, autotune_once, kernel_names
 from forge.evaluate.build import BuildPool, BuildResult
 from forge.evaluate.checks import check
 from forge.evaluate.devices import device_arch, device_model
@@ -77,6 +78,11 @@ class BaseEvaluator(ABC):
     def submit(self, task: TaskSpec, cand: Candidate, seed: int, bench: BenchConfig | None,
                retime: bool = False) -> cf.Future[EvalResult]:
         """Build `cand` and judge it (verify and time, or only time again) on the next free worker."""
+
+    def autotune(self, task: TaskSpec, cand: Candidate, effort: str, budget_s: int) -> Tuned:
+        """Helion's autotuner on a Helion candidate (forge.evaluate.autotune): the candidate with the configs it
+        chose, unjudged; this evaluator's answer when it cannot."""
+        return Tuned(None, 0.0, f"{type(self).__name__} does not run Helion's autotuner")
 
     @abstractmethod
     def close(self) -> None:
@@ -202,6 +208,21 @@ class Evaluator(BaseEvaluator):
         job = self.slots.submit(lambda i: call_once(self.workers[i], task, cand.backend, built.path, cand.entry,
                                                     inputs, self.timeout_s))
         return job.result()  # on a judging slot: never at once with another candidate on that worker
+
+
+    def autotune(self, task: TaskSpec, cand: Candidate, effort: str, budget_s: int) -> Tuned:
+        """Build `cand` and run Helion's autotuner on it in the worker for Python candidates, on a judging slot."""
+        problems = check(cand)
+        if problems:
+            return Tuned(None, 0.0, "; ".join(m for _, m in problems)[:400])
+        built = self.builds.submit(cand).result()
+        if not built.ok:
+            return Tuned(None, 0.0, f"build_error: {first_error(built.log)}")
+        # a kernel at a time, each within its budget, plus Helion's start and the compiles it finishes
+        limit = self.timeout_s + 2 * budget_s * max(1, len(kernel_names(cand.source)))
+        job = self.slots.submit(lambda i: autotune_once(self.workers[i], task, cand, built.path, effort, budget_s,
+                                                        limit))
+        return job.result()
 
 
 def first_error(log_text: str) -> str:

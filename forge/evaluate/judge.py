@@ -39,7 +39,7 @@ from forge.evaluate.arena import Arena, Slot
 from forge.evaluate.measured import bandwidth, measured_here, remeasured
 from forge.evaluate.repeats import skips_repeats
 from forge.evaluate.spotcheck import kept_limit
-from forge.evaluate.steps import Call, EvalRequest, Load, Reply, Time
+from forge.evaluate.steps import Call, EvalRequest, Load, Reply, Time, Tune
 from forge.evaluate.verdicts import Verdict, off_reference
 from forge.evaluate.verify import SETS, Reference, Target, fill, generator, make_flat, verify
 from forge.kernel import EvalResult, Status, TaskSpec, Timing
@@ -154,6 +154,12 @@ class Remote(Target):
         """A Time step on placed inputs, kept calls into placed slots."""
         slots = tuple((tuple(self.slot(t) for t in i), tuple(self.slot(t) for t in o)) for i, o in kept)
         return self.step(Time(self._ref, tuple(self.slot(t) for t in inputs), slots, bench, batch))
+
+    def tune(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], effort: str, budget_s: int
+             ) -> tuple[Reply, float]:
+        """A Tune step (Helion's autotuner, forge.evaluate.autotune) on placed inputs and outputs."""
+        ins, outs = tuple(self.slot(t) for t in inputs), tuple(self.slot(t) for t in outputs)
+        return self.step(Tune(self._ref, ins, outs, effort, budget_s))
 
     def sync(self) -> None:
         if self.cuda:

@@ -33,7 +33,7 @@ from forge.evaluate.arena import Arena
 from forge.evaluate.judge import evaluate
 from forge.evaluate.privilege import Drop, account, needed_paths, plan
 from forge.evaluate.sandbox import limits, network_namespace, nondumpable, process_uid, scrubbed_env, worker_env
-from forge.evaluate.steps import Call, EvalRequest, Load, Reply, Time, decode, valid_reply
+from forge.evaluate.steps import ARENA_STEPS, EvalRequest, Load, Reply, decode, valid_reply
 from forge.kernel import EvalResult, Status
 
 log = logging.getLogger(__name__)
@@ -225,13 +225,15 @@ class Worker:
         if not self.device.startswith("cuda"):
             return None
         self._shares, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._shares.shutdown(socket.SHUT_RD)  # one way: nothing (no descriptor) comes back from the worker
         self._shares.settimeout(5.0)  # a worker that never reads fills its queue: it is restarted, not waited on
         return theirs
 
     def _share(self, msg: object) -> None:
         """Send the running CUDA worker the arena's descriptor of a step's generation it has not had."""
-        ref = msg.arena if isinstance(msg, Call | Time) else None
-        if ref is not None and ref.cuda and ref.generation != self._shared and self._shares is not None:
+        ref = msg.arena if isinstance(msg, ARENA_STEPS) else None
+        if ref is not None and ref.cuda and ref.generation != self._shared and self._shares is not None \
+                and ref.generation == self.arena.generation and self.arena.cuda_fd >= 0:
             try:
                 devmem.send(self._shares, ref.generation, self.arena.cuda_fd)
             except OSError:  # a worker that leaves its socket full is one that broke the protocol: it dies

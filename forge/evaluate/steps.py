@@ -66,6 +66,22 @@ class Time:
 
 
 @dataclass(frozen=True)
+class Tune:
+    """Run Helion's autotuner on the loaded candidate's kernels, called as its launcher calls them on these slots,
+    with `effort` and at most `budget_s` seconds a kernel (forge.evaluate.helion_tune); the reply's message is
+    what it chose, as JSON: [[kernel name, config], ...]."""
+
+    arena: ArenaRef
+    inputs: tuple[Slot, ...]
+    outputs: tuple[Slot, ...]
+    effort: str = "quick"
+    budget_s: int = 60
+
+
+ARENA_STEPS = (Call, Time, Tune)  # the steps that name the arena (a CUDA worker is sent its descriptor first)
+
+
+@dataclass(frozen=True)
 class Reply:
     """A step's answer: OK, or the status that rejects the candidate; timings and kept calls for Time."""
 

@@ -32,6 +32,7 @@ from forge.evaluate.evaluator import BaseEvaluator as Evaluator  # local workers
 from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, TaskSpec
 from forge.policy.base import Policy
 from forge.progress import Progress
+from forge.search import tune
 from forge.search.confirm import Entry, decision, retimed, top
 from forge.search.dedup import Seen, duplicate
 from forge.search.mcts import FAIL, MCTS, Node, reward_of
@@ -288,6 +289,7 @@ class TaskSearch:
         self.halt(reason)
         if self.rec.state != "done" or self.rec.stop_reason != self.stop:
             self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)
+        self._autotune(ev, until)
         entries = [Entry(k, cand(), self.results[k]) for k, cand in self.passed.items()]
         confirmed = retimed(ev, self.spec, top(entries), until)
         for e in confirmed:
@@ -306,6 +308,30 @@ class TaskSearch:
                            b.median_us if b else self.eager_us, t.median_us if t else None, self.tried, status,
                            self.stop or reason, best.cand if d.winner and best else None, self.floor_us,
                            res.speedup if res else None, speedup_ci(b, t), noisy(t) or noisy(b))
+
+
+    def _autotune(self, ev: Evaluator, until: float | None) -> None:
+        """Helion's autotuner on the task's fastest Helion candidate, its config judged as a child of it
+        (forge.search.tune); recorded in the task's meta (`autotune`) whether or not it gave one."""
+        fastest = tune.fastest_helion(self.passed, self.results)
+        chosen = tune.plan(None if until is None else until - time.monotonic()) if fastest else None
+        if fastest is None or chosen is None:
+            return
+        (key, cand), (effort, seconds) = fastest, chosen
+        tuned = ev.autotune(self.spec, cand, effort, seconds)
+        self.set_meta(autotune={"node": self.db_id[key], "effort": effort, "budget_s": seconds,
+                                "seconds": round(tuned.seconds, 2), "configs": dict(tuned.configs),
+                                "message": tuned.message})
+        if tuned.candidate is None:
+            log.warning("task %s: Helion's autotuner gave no config: %s", self.task.key, tuned.message)
+            return
+        with self.lock:
+            node = self.tree.graft(self.tree.nodes[key], {"autotuned": self.db_id[key], "effort": effort})
+        res = ev.evaluate(self.spec, tuned.candidate)
+        with self.lock:
+            self.tree.report(node, reward_of(res.speedup if res.status.passed else None))
+            self._done(node, tuned.candidate, res)
+            self.seen.add(tuned.candidate, self.db_id[node.id], res, node.reward)
 
 
 def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder, budget: Budget,

@@ -111,6 +111,13 @@ class MCTS:
         self._pend(child)
         return child
 
+    def graft(self, parent: Node, payload: Any) -> Node:
+        """A child of `parent` that no proposal made (Helion's autotuned config of it, forge.search.tune); the
+        driver evaluates it and reports it."""
+        child = self._add(parent, payload)
+        self._pend(child)
+        return child
+
     @staticmethod
     def _pend(n: Node | None) -> None:
         while n is not None:  # virtual loss: in-flight evaluations count as failures for UCT

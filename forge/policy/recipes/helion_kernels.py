@@ -12,10 +12,11 @@ constants in the kernel), and its `launch` returns 2 for other tensors.
 
 What the search explores that Helion's autotuner does not: one or two passes, float64 statistics, and (by the
 lowering) the fusion of the whole region into one kernel. The config (block sizes, warps, stages) is the
-candidate's own, written in its source, and the search mutates it like any knob: Helion's autotuner never runs
-(in the worker it would spawn compiles and take minutes a kernel, and the config it found would not be in the
-source). So the config a candidate ran with is the one stored with it and exported with it: an exported kernel
-runs tuned on its first call.
+candidate's own, written in its source, and the search mutates it like any knob; Helion's autotuner never runs
+while a candidate is judged (it would spawn compiles for minutes, and the config it found would not be in the
+source). At a task's end the search may give the fastest Helion candidate to the autotuner on purpose
+(forge.search.tune): the config it chose becomes a new candidate's source. So the config a candidate ran with is
+the one stored with it and exported with it: an exported kernel runs tuned on its first call.
 
 Helion compiles a module for the GPU it runs on (through Triton), so the kernels have no architecture. On a CPU
 they run as eager PyTorch (HELION_INTERPRET=1) or as the Triton Helion generates, under Triton's interpreter

@@ -1,0 +1,70 @@
+"""Helion's autotuner on a loaded candidate, in the worker (issue 18 item 2): the worker's side of the Tune step.
+
+A Helion candidate names one config per kernel (docs/kernel-abi.md), so that the worker never autotunes while
+it is judged. Asked to (forge.evaluate.autotune, from the search's end of a task), the worker that judges
+Python candidates runs Helion's own autotuner on each kernel the candidate's launcher calls, with the
+arguments that launcher passes, its configs ignored (`force=True`), for the effort and seconds asked. What
+comes back is data: each kernel's name and the config the autotuner chose, which the judge writes into a new
+candidate that is judged as any other. Nothing here decides a verdict.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def _kernels(module: types.ModuleType) -> dict[str, Any]:
+    import helion
+
+    return {name: k for name, k in vars(module).items() if isinstance(k, helion.Kernel)}
+
+
+def recorded_calls(module: types.ModuleType, launch: Callable[..., Any], inputs: Sequence[torch.Tensor],
+                   outputs: Sequence[torch.Tensor]) -> list[tuple[str, Any, tuple[Any, ...]]]:
+    """(name, kernel, args) of each Helion kernel the launcher calls, in order, recorded without running them:
+    each kernel's name in the module is bound to a recorder while `launch` runs (its body looks it up there)."""
+    kernels = _kernels(module)
+    calls: list[tuple[str, Any, tuple[Any, ...]]] = []
+
+    def recorder(name: str) -> Callable[..., None]:
+        def record(*args: Any) -> None:
+            calls.append((name, kernels[name], args))
+        return record
+
+    try:
+        for name in kernels:
+            setattr(module, name, recorder(name))
+        launch(list(inputs), list(outputs))
+    finally:
+        for name, k in kernels.items():
+            setattr(module, name, k)
+    return calls
+
+
+def autotune(module: types.ModuleType, launch: Callable[..., Any], inputs: Sequence[torch.Tensor],
+             outputs: Sequence[torch.Tensor], effort: str, budget_s: int) -> str:
+    """JSON: [[kernel name, config], ...], one per kernel called (the first call's arguments of each). Helion's
+    default search (LFBO) needs scikit-learn; without it, its pattern search."""
+    if importlib.util.find_spec("sklearn") is None:
+        os.environ.setdefault("HELION_AUTOTUNER", "PatternSearch")
+    found: dict[str, dict[str, Any]] = {}
+    for name, kernel, args in recorded_calls(module, launch, inputs, outputs):
+        if name in found:
+            continue
+        kernel.settings.autotune_effort = effort
+        kernel.settings.autotune_budget_seconds = budget_s
+        kernel.settings.autotune_progress_bar = False
+        config = kernel.autotune(args, force=True)
+        found[name] = dict(config.config)
+        log.info("helion autotuned %s (%s): %s", name, os.environ.get("HELION_AUTOTUNER", "its default"), config)
+    return json.dumps([[n, c] for n, c in found.items()])

@@ -1,0 +1,88 @@
+"""Helion's autotuner for a Helion candidate (issue 18 item 2): the worker's answer is data, checked field by field
+and written into the kernel's `config=` (forge.evaluate.autotune); the search's end of a task gives it a share of
+the time left (forge.search.tune); on a GPU the tuned candidate is judged as any other."""
+
+import json
+
+import pytest
+import torch
+from test_recipe_triton import specs
+
+from forge.evaluate.autotune import config_text, kernel_names, parse_configs, with_configs
+from forge.evaluate.checks import check
+from forge.kernel import Candidate
+from forge.policy.recipes import helion_kernels
+from forge.policy.recipes.helion_common import HelionKnobs, HelionRowKnobs
+from forge.search import tune
+
+pytest.importorskip("helion")
+
+
+def _candidate(rows: bool = False) -> Candidate:
+    for spec in specs():
+        try:
+            return helion_kernels.candidate(spec, HelionRowKnobs(rows=2) if rows else HelionKnobs(block=64, warps=2))
+        except Exception:  # noqa: BLE001 - not this lowering's task
+            continue
+    raise AssertionError("no task takes the recipe")
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_the_chosen_config_is_written_into_the_kernel_and_passes_the_checks(rows: bool) -> None:
+    cand = _candidate(rows)
+    names = kernel_names(cand.source)
+    assert names
+    chosen = {n: {"block_sizes": [256], "num_warps": 8, "num_stages": 3, "indexing": "tensor_descriptor",
+                  "pid_type": "flat", "range_unroll_factors": [0]} for n in names}
+    tuned = with_configs(cand.source, parse_configs(json.dumps([[n, c] for n, c in chosen.items()]), names))
+    for n in names:
+        assert config_text(chosen[n]) in tuned
+    assert check(Candidate("helion", tuned, cand.entry)) == []
+    before, after = cand.source.splitlines(), tuned.splitlines()
+    assert len(before) == len(after)  # only the config changed: the rest, comments too, as it was
+    assert sum(a != b for a, b in zip(before, after, strict=True)) == len(names)
+    assert "helion.Config(block_sizes=[256], indexing='tensor_descriptor', num_stages=3, num_warps=8" in tuned
+
+
+@pytest.mark.parametrize("answer", [
+    [["not_a_kernel", {"num_warps": 4}]],  # a name the candidate has no kernel of
+    [["K", {"num_warps": {"x": 1}}]],  # a nested dict
+    [["K", {"num_warps": [[[1]]]}]],  # lists too deep
+    [["K", {"indexing": "pointer'); import os; ('"}]],  # a string that is not a plain word
+    [["K", {"import": 1}]],  # a keyword for a key
+    [["K", {"num_warps": 1 << 40}]],  # an absurd number
+    [["K", {}]],  # no config at all
+    [],
+    {"K": {"num_warps": 4}},
+])
+def test_an_answer_that_is_not_plain_data_is_refused(answer: object) -> None:
+    with pytest.raises(ValueError):
+        parse_configs(json.dumps(answer), {"K"})
+    with pytest.raises(ValueError):
+        parse_configs('[["K", {"num_warps": NaN}]]', {"K"})
+
+
+def test_the_effort_follows_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert tune.plan(None) == ("full", tune.MAX_S)
+    assert tune.plan(10.0) is None  # 5 s would find little
+    assert tune.plan(100.0) == ("quick", 50)
+    assert tune.plan(5000.0) == ("full", tune.MAX_S)
+    monkeypatch.setenv("FORGE_HELION_AUTOTUNE", "0")
+    assert tune.plan(None) is None
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(600)
+def test_helions_autotuner_gives_a_config_that_is_judged_like_any_candidate(tmp_path) -> None:
+    from forge.evaluate.evaluator import Evaluator
+
+    spec = next(s for s in specs() if s.inputs[0].dtype == "float32")
+    cand = helion_kernels.candidate(spec, HelionKnobs(block=64, warps=2))
+    with Evaluator("cuda", cache_dir=tmp_path, timeout_s=120) as ev:
+        tuned = ev.autotune(spec, cand, "quick", 20)
+        assert tuned.candidate is not None, tuned.message
+        assert {n for n, _ in tuned.configs} == kernel_names(cand.source)
+        assert all(text in tuned.candidate.source for _, text in tuned.configs)
+        res = ev.evaluate(spec, tuned.candidate)
+        assert res.status.passed, res.message
+        assert res.timing is not None and torch.cuda.is_available()

@@ -35,6 +35,7 @@ class Backend:
     calls: tuple[str, ...] = ()  # what its module may call outside kernels besides forge's plain builtins
     warm: bool = False  # its first call on new shapes compiles through PyTorch (Helion traces with fake tensors):
     # the worker makes that call on scratch tensors, unguarded, before any judged call (forge.evaluate.launch)
+    autotunes: bool = False  # its kernels name a config its own autotuner can choose (forge.evaluate.autotune)
 
     @property
     def source_suffix(self) -> str:
@@ -57,7 +58,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     # a .py file means Triton; a Helion file is named with --backend helion
     Backend("helion", "cuda", False, "", ".py", (), "launch", "kernel.py", "python", ("python", "py"),
             "python", "#", "helion.py", ("helion", "helion.language", "torch"),
-            kernels=("helion.kernel",), calls=("helion.kernel", "helion.Config"), warm=True),
+            kernels=("helion.kernel",), calls=("helion.kernel", "helion.Config"), warm=True,
+            autotunes=True),
 )}
 CPU, CUDA, TRITON, HELION = BACKENDS["cpu"], BACKENDS["cuda"], BACKENDS["triton"], BACKENDS["helion"]
 NAMES = tuple(BACKENDS)

@@ -14,6 +14,7 @@ from forge.kernel import Candidate
 from forge.policy.recipes import helion_kernels
 from forge.policy.recipes.helion_common import HelionKnobs, HelionRowKnobs
 from forge.search import tune
+from forge.search.mcts import MCTS, Node
 
 pytest.importorskip("helion")
 
@@ -52,6 +53,7 @@ def test_the_chosen_config_is_written_into_the_kernel_and_passes_the_checks(rows
     [["K", {"import": 1}]],  # a keyword for a key
     [["K", {"num_warps": 1 << 40}]],  # an absurd number
     [["K", {}]],  # no config at all
+    [[["K"], {"num_warps": 4}]],  # a name that is not a string
     [],
     {"K": {"num_warps": 4}},
 ])
@@ -66,9 +68,28 @@ def test_the_effort_follows_the_time_left(monkeypatch: pytest.MonkeyPatch) -> No
     assert tune.plan(None) == ("full", tune.MAX_S)
     assert tune.plan(10.0) is None  # 5 s would find little
     assert tune.plan(100.0) == ("quick", 50)
+    assert tune.plan(100.0, kernels=2) == ("quick", 25)  # two kernels share half the time left
+    assert tune.plan(50.0, kernels=2) is None
     assert tune.plan(5000.0) == ("full", tune.MAX_S)
     monkeypatch.setenv("FORGE_HELION_AUTOTUNE", "0")
     assert tune.plan(None) is None
+
+
+def test_a_node_the_autotuner_made_is_never_tuned_again_nor_breaks_a_resume() -> None:
+    made = tune.payload(7, "quick")
+    assert tune.grafted(made) and tune.grafted({"payload": made})  # as made, and as stored and read back
+    assert not tune.grafted(HelionKnobs(block=64, warps=2)) and not tune.grafted({"payload": 3})
+
+    def propose(node: Node) -> list:
+        if isinstance(node.payload, dict):  # what the recipe policy does with a payload not its own
+            raise KeyError(type(node.payload))
+        return ["a"]
+
+    tree = MCTS(propose)
+    tree.restore(1, 0, "a", 0.1)
+    tree.restore(2, 1, {"payload": made}, 0.2)  # the autotuned child, stored
+    tree.restore(3, 2, {"payload": made}, 0.3)  # one made under it by an earlier resume: its parent cannot expand
+    assert tree.nodes[2].proposals == [] and tree.nodes[3].reward == 0.3
 
 
 @pytest.mark.cuda

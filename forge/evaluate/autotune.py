@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from forge.backends import BACKENDS
 from forge.capture.export import output_view
 from forge.evaluate.judge import Rejected, Remote
 from forge.evaluate.steps import Load
@@ -70,7 +71,8 @@ def parse_configs(message: str, kernels: set[str]) -> dict[str, dict[str, Any]]:
         raise ValueError("no configs")
     out: dict[str, dict[str, Any]] = {}
     for item in found:
-        if not (isinstance(item, list) and len(item) == 2 and item[0] in kernels and isinstance(item[1], dict)):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0] in kernels
+                and isinstance(item[1], dict)):
             raise ValueError(f"not a [kernel, config] pair of this candidate: {str(item)[:100]}")
         name, config = item
         if not config or len(config) > MAX_KEYS or not all(
@@ -81,9 +83,9 @@ def parse_configs(message: str, kernels: set[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def config_text(config: dict[str, Any]) -> str:
-    """`helion.Config(key=value, ...)` in source form, keys sorted."""
-    return "helion.Config(" + ", ".join(f"{k}={v!r}" for k, v in sorted(config.items())) + ")"
+def config_text(config: dict[str, Any], call: str = "helion.Config") -> str:
+    """`helion.Config(key=value, ...)` in source form (`call`: the name the module calls it by), keys sorted."""
+    return f"{call}(" + ", ".join(f"{k}={v!r}" for k, v in sorted(config.items())) + ")"
 
 
 def kernel_names(source: str) -> set[str]:
@@ -101,19 +103,27 @@ def _config_of(f: ast.FunctionDef) -> ast.expr | None:
 
 
 def with_configs(source: str, configs: dict[str, dict[str, Any]]) -> str:
-    """The source with each named kernel's `config=` value replaced (the rest as it was, comments too)."""
+    """The source with each named kernel's `config=` value replaced (the rest as it was, comments too), called as
+    the module called it (`helion.Config`, or the name it imported). ValueError when the result does not hold
+    exactly those configs where they were."""
     lines = source.splitlines(keepends=True)
-    spans = []
+    spans, wanted = [], {}
     for f in ast.parse(source).body:
         node = _config_of(f) if isinstance(f, ast.FunctionDef) and f.name in configs else None
         if node is not None:
             assert node.end_lineno is not None and node.end_col_offset is not None
-            spans.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, configs[f.name]))
-    for lo, lo_col, hi, hi_col, config in sorted(spans, reverse=True):  # from the end: earlier offsets hold
+            call = ast.unparse(node.func) if isinstance(node, ast.Call) else "helion.Config"
+            wanted[f.name] = config_text(configs[f.name], call)
+            spans.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, wanted[f.name]))
+    for lo, lo_col, hi, hi_col, text in sorted(spans, reverse=True):  # from the end: earlier offsets hold
         first, last = lines[lo - 1].encode(), lines[hi - 1].encode()  # ast's offsets are in UTF-8 bytes
-        joined = first[:lo_col].decode() + config_text(config) + last[hi_col:].decode()
-        lines[lo - 1:hi] = [joined]
-    return "".join(lines)
+        lines[lo - 1:hi] = [first[:lo_col].decode() + text + last[hi_col:].decode()]
+    tuned = "".join(lines)
+    found = {f.name: ast.unparse(c) for f in ast.parse(tuned).body
+             if isinstance(f, ast.FunctionDef) and f.name in wanted and (c := _config_of(f)) is not None}
+    if found != {n: ast.unparse(ast.parse(t, mode="eval").body) for n, t in wanted.items()}:
+        raise ValueError("the configs did not land where the kernels name theirs")
+    return tuned
 
 
 def autotune_once(worker: Worker, task: TaskSpec, cand: Candidate, path: str, effort: str, budget_s: int,
@@ -121,7 +131,7 @@ def autotune_once(worker: Worker, task: TaskSpec, cand: Candidate, path: str, ef
     """Helion's autotuner on a built Helion candidate in the worker that judges Python candidates; the
     candidate with the configs it chose, or why not."""
     names = kernel_names(cand.source)
-    if cand.backend != "helion" or not names:
+    if not BACKENDS[cand.backend].autotunes or not names:
         return Tuned(None, 0.0, "not a Helion candidate with a config to tune")
     worker = worker.for_backend(cand.backend)
     start = time.perf_counter()
@@ -139,10 +149,11 @@ def autotune_once(worker: Worker, task: TaskSpec, cand: Candidate, path: str, ef
                      configs=tuple((n, config_text(c)) for n, c in configs.items()))
     except Rejected as r:
         return Tuned(None, time.perf_counter() - start, f"{r.result.status.value}: {r.result.message[:300]}")
-    except (ValueError, SyntaxError) as e:
-        return Tuned(None, time.perf_counter() - start, f"the autotuner's answer was refused: {e}"[:400])
     except (torch.OutOfMemoryError, MemoryError) as e:
         return Tuned(None, time.perf_counter() - start, f"{Status.OUT_OF_MEMORY.value}: {e}"[:300])
+    except Exception as e:  # noqa: BLE001 - an answer nothing can be made of (the worker's to send) is no config
+        return Tuned(None, time.perf_counter() - start, f"the autotuner's answer was refused: "
+                     f"{type(e).__name__}: {e}"[:400])
     finally:
         worker.arena.reset()
         worker.arena.shrink()

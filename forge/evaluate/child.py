@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from forge.backends import BACKENDS
 from forge.bench import Clock, interleaved
 from forge.evaluate import devmem
 from forge.evaluate.arena import ArenaError, Mapped
@@ -118,7 +119,7 @@ def _time(msg: Time, st: _State) -> Reply:
 
 def _tune(msg: Tune, st: _State) -> Reply:
     assert st.launcher is not None and st.load is not None, "Load first"
-    if st.load.backend != "helion":
+    if not BACKENDS[st.load.backend].autotunes:
         return Reply(Status.LAUNCH_ERROR, f"only Helion candidates are autotuned, not {st.load.backend}")
     from forge.evaluate.helion_tune import autotune
 
@@ -127,7 +128,7 @@ def _tune(msg: Tune, st: _State) -> Reply:
         found = autotune(st.launcher.module, st.launcher.py_fn, mapped.views(msg.inputs), mapped.views(msg.outputs),
                          msg.effort, msg.budget_s)
         st.sync()
-        return Reply(message=found)
+        return Reply(message=found, fatal=True)  # a fresh worker judges what follows, without the tuner's state
     finally:
         mapped.close()
 

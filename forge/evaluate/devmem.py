@@ -96,7 +96,10 @@ _dead: list[tuple[int, int, int]] = []  # ranges whose last view is gone, to unm
 def release() -> None:
     """Unmap the ranges whose last view is gone (after their device is idle)."""
     while _dead:
-        ptr, size, index = _dead.pop()
+        try:
+            ptr, size, index = _dead.pop()
+        except IndexError:  # another judging thread took the last one
+            return
         try:
             torch.cuda.synchronize(index)  # no kernel still reads or writes the range
             _check("cuMemUnmap", ctypes.c_ulonglong(ptr), ctypes.c_size_t(size))

@@ -219,7 +219,7 @@ class Evaluator(BaseEvaluator):
         if not built.ok:
             return Tuned(None, 0.0, f"build_error: {first_error(built.log)}")
         # a kernel at a time, each within its budget, plus Helion's start and the compiles it finishes
-        limit = self.timeout_s + 2 * budget_s * max(1, len(kernel_names(cand.source)))
+        limit = 30.0 + 1.5 * budget_s * max(1, len(kernel_names(cand.source)))
         job = self.slots.submit(lambda i: autotune_once(self.workers[i], task, cand, built.path, effort, budget_s,
                                                         limit))
         return job.result()

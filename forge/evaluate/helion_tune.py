@@ -37,8 +37,8 @@ def recorded_calls(module: types.ModuleType, launch: Callable[..., Any], inputs:
     calls: list[tuple[str, Any, tuple[Any, ...]]] = []
 
     def recorder(name: str) -> Callable[..., None]:
-        def record(*args: Any) -> None:
-            calls.append((name, kernels[name], args))
+        def record(*args: Any, **kwargs: Any) -> None:
+            calls.append((name, kernels[name], tuple(kernels[name].normalize_args(*args, **kwargs))))
         return record
 
     try:

@@ -168,7 +168,10 @@ class MCTS:
         parent = node.parent
         assert parent is not None
         if parent.proposals is None:
-            parent.proposals = list(self.propose(parent))
+            try:
+                parent.proposals = list(self.propose(parent))
+            except Exception:  # noqa: BLE001 - a parent the policy cannot expand (a payload not its own)
+                parent.proposals = []
         for n in self.nodes.values():
             if n.proposals:
                 n.proposals = [p for p in n.proposals if p != payload]

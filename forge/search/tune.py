@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from typing import Any
 
+from forge.backends import BACKENDS
 from forge.kernel import Candidate, EvalResult
 
 MIN_S = 15.0  # seconds: below this a quick search finds little past the config the tree found
@@ -21,14 +23,26 @@ MAX_S = 120  # seconds a kernel at most
 FULL_FROM_S = 900.0  # time left from which the effort is "full"
 
 
-def plan(left_s: float | None) -> tuple[str, int] | None:
-    """(effort, seconds a kernel) for the time the run has left (None: no limit), or None: no autotune."""
+def plan(left_s: float | None, kernels: int = 1) -> tuple[str, int] | None:
+    """(effort, seconds a kernel) for the time the run has left (None: no limit) and the candidate's number of
+    kernels (tuned one after another: half the time left in all), or None: no autotune."""
     if os.environ.get("FORGE_HELION_AUTOTUNE", "1") == "0":
         return None
-    seconds = MAX_S if left_s is None else min(MAX_S, left_s / 2)
+    seconds = MAX_S if left_s is None else min(MAX_S, left_s / (2 * max(kernels, 1)))
     if seconds < MIN_S:
         return None
     return ("full" if left_s is None or left_s >= FULL_FROM_S else "quick"), int(seconds)
+
+
+def payload(tuned_node: int, effort: str) -> dict[str, Any]:
+    """The payload of a node the autotuner made: which stored node it tuned, and how hard."""
+    return {"autotuned": tuned_node, "effort": effort}
+
+
+def grafted(payload: Any) -> bool:
+    """Whether a node's payload is one `payload` made (or its stored form, {"payload": ...})."""
+    inner = payload.get("payload", payload) if isinstance(payload, dict) else None
+    return isinstance(inner, dict) and "autotuned" in inner
 
 
 def fastest_helion(passed: Mapping[int, Callable[[], Candidate]], results: Mapping[int, EvalResult]
@@ -40,6 +54,6 @@ def fastest_helion(passed: Mapping[int, Callable[[], Candidate]], results: Mappi
         if res is None or res.timing is None:
             continue
         c = cand()
-        if c.backend == "helion" and (found is None or res.timing.median_us < found[0]):
+        if BACKENDS[c.backend].autotunes and (found is None or res.timing.median_us < found[0]):
             found = (res.timing.median_us, key, c)
     return (found[1], found[2]) if found else None

@@ -92,6 +92,39 @@ def test_a_node_the_autotuner_made_is_never_tuned_again_nor_breaks_a_resume() ->
     assert tree.nodes[2].proposals == [] and tree.nodes[3].reward == 0.3
 
 
+def test_the_worker_records_each_kernel_as_the_launcher_calls_it_without_running_it(tmp_path) -> None:
+    """forge.evaluate.helion_tune binds a recorder to each kernel's name while the launcher runs: the arguments the
+    autotuner will be given, positional or by keyword, and the kernels themselves back in place after."""
+    import importlib.util
+
+    from forge.evaluate.helion_tune import recorded_calls
+
+    spec = next(s for s in specs() if s.inputs[0].dtype == "float32")
+    cand = helion_kernels.candidate(spec, HelionKnobs(block=64, warps=2))
+    path = tmp_path / "cand.py"
+    path.write_text(cand.source)
+    loader = importlib.util.spec_from_file_location("cand_under_test", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    inputs = [torch.randn(m.shape) for m in spec.inputs]
+    outputs = [torch.full(m.shape, 7.0) for m in spec.outputs]
+    before = {n: getattr(module, n) for n in kernel_names(cand.source)}
+    calls = recorded_calls(module, module.launch, inputs, outputs)
+    assert calls and {n for n, _, _ in calls} == set(before)
+    assert all(k is before[n] for n, k, _ in calls) and all(isinstance(a, tuple) and a for _, _, a in calls)
+    assert {n: getattr(module, n) for n in before} == before  # put back
+    assert all(bool((o == 7.0).all()) for o in outputs)  # recorded, not run
+
+    def by_keyword(ins: list, outs: list) -> None:  # a launcher that names the kernel's parameters
+        kernel = next(iter(before.values()))
+        params = list(kernel.signature.parameters)
+        module_kernel = getattr(module, next(iter(before)))
+        module_kernel(**dict(zip(params, calls[0][2], strict=False)))
+
+    (_, _, args), = recorded_calls(module, by_keyword, inputs, outputs)
+    assert len(args) == len(calls[0][2]) and all(a is b for a, b in zip(args, calls[0][2], strict=True))
+
+
 @pytest.mark.cuda
 @pytest.mark.timeout(600)
 def test_helions_autotuner_gives_a_config_that_is_judged_like_any_candidate(tmp_path) -> None:

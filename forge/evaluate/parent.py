@@ -13,10 +13,8 @@ import hashlib
 import logging
 import os
 import pickle
-import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -34,56 +32,14 @@ from forge.evaluate.judge import evaluate
 from forge.evaluate.privilege import Drop, account, needed_paths, plan
 from forge.evaluate.sandbox import limits, network_namespace, nondumpable, process_uid, scrubbed_env, worker_env
 from forge.evaluate.steps import ARENA_STEPS, EvalRequest, Load, Reply, decode, valid_reply
+from forge.evaluate.wire import Late, recv_within, signal_name
 from forge.kernel import EvalResult, Status
 
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[2])  # the checkout (forge/evaluate/parent.py)
 
 
-def _signal_name(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
-
-
 LOADS_PER_WORKER = 256  # loads stay in a worker (a dlopen'ed copy, a CUDA module): a fresh one after so many
-MAX_REPLY = 16 << 20  # bytes: replies are small (tensors travel through the arena); a larger one is a broken protocol
-
-
-class _Late(Exception):
-    """The worker's message did not arrive whole before the deadline."""
-
-
-def _recv_within(conn: Connection, deadline: float) -> bytes:
-    """One message from `conn` (multiprocessing's framing: a 4-byte big-endian length, -1 then 8 bytes for a
-    long one), read whole before `deadline` (time.monotonic()): a worker that sends a header and part of a
-    message and then stalls cannot hang forge's process, as Connection.recv_bytes would. _Late when it does
-    not arrive in time, EOFError when the pipe closes, ValueError for a length over MAX_REPLY."""
-    fd = conn.fileno()
-
-    def read(n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise _Late(f"{len(buf)} of {n} bytes")
-            chunk = os.read(fd, n - len(buf))
-            if not chunk:
-                raise EOFError("the worker closed its pipe")
-            buf += chunk
-        return bytes(buf)
-
-    (size,) = struct.unpack("!i", read(4))
-    if size == -1:
-        (size,) = struct.unpack("!Q", read(8))
-    if size < 0 or size > MAX_REPLY:
-        raise ValueError(f"a message of {size} bytes (at most {MAX_REPLY})")
-    return read(size)
 
 
 class Worker:
@@ -201,19 +157,19 @@ class Worker:
         self.own_network = bool(ns) and ns != network_namespace()
         self.uid = process_uid(self.proc.pid)
         try:
-            hello = decode(_recv_within(self.conn_in, time.monotonic() + self.start_timeout_s))
+            hello = decode(recv_within(self.conn_in, time.monotonic() + self.start_timeout_s))
             if not (isinstance(hello, tuple) and len(hello) == 2 and hello[0] == "ready" and isinstance(hello[1], str)):
                 raise EOFError(f"the worker's first message is not its ready message: {hello!r:.200}")
             self.unconfined = hello[1]
             if self.unconfined:
                 log.warning("the %s worker runs without its seccomp filter: %s", self.device, self.unconfined)
-        except (_Late, ValueError, pickle.UnpicklingError) as e:  # a start that stalls or speaks nonsense
+        except (Late, ValueError, pickle.UnpicklingError) as e:  # a start that stalls or speaks nonsense
             self._stop()
             raise RuntimeError(f"the {self.device} worker did not start properly ({e}): {self.log_tail()}") from e
         except EOFError as e:
             code = self.proc.wait() if self.proc else None
             self._stop()
-            raise RuntimeError(f"the {self.device} worker died at start ({_signal_name(code)}): "
+            raise RuntimeError(f"the {self.device} worker died at start ({signal_name(code)}): "
                                f"{self.log_tail()}") from e
 
     def _socket(self) -> socket.socket | None:
@@ -361,9 +317,9 @@ class Worker:
             self._share(msg)
             self.conn_out.send(msg)
             try:
-                raw = _recv_within(self.conn_in, time.monotonic() + timeout_s)
+                raw = recv_within(self.conn_in, time.monotonic() + timeout_s)
                 reply, why = valid_reply(decode(raw)), "not a reply"
-            except _Late as e:
+            except Late as e:
                 self._restart()
                 return EvalResult(Status.TIMEOUT, f"no answer within {timeout_s:.0f} s (a hang or an infinite "
                                   f"loop; {e} of its reply had come); the worker was killed", device=self.device,
@@ -384,7 +340,7 @@ class Worker:
                                   "(a new process or program, a signal to another process, a socket, a change to "
                                   "files)", device=self.device, device_s=time.perf_counter() - start)
             status = Status.OUT_OF_MEMORY if "MemoryError" in tail or "bad_alloc" in tail else Status.CRASH
-            return EvalResult(status, f"the worker died ({_signal_name(code)})" + (f": {tail}" if tail else ""),
+            return EvalResult(status, f"the worker died ({signal_name(code)})" + (f": {tail}" if tail else ""),
                               device=self.device, device_s=time.perf_counter() - start)
         if self.proc.poll() is not None or reply.fatal:
             self._restart()

@@ -18,6 +18,9 @@ import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import stamp  # noqa: E402
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 N = 1 << 24
@@ -126,8 +129,7 @@ def main() -> None:
     for r in rows:
         print(r, flush=True)
     with open(sys.argv[1], "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "uid": os.geteuid(),
-                   "rows": rows}, f, indent=1)
+        json.dump({**stamp("cuda"), "uid": os.geteuid(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from provenance import stamp  # noqa: E402
+
 N = 1 << 24
 _cuda = ctypes.CDLL("libcuda.so.1")
 
@@ -195,8 +198,7 @@ def main() -> None:
                 rows.append({"case": case.__name__, "child": user, "status": "error", "error": repr(e)[:300]})
             print(rows[-1], flush=True)
     with open(sys.argv[1], "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "uid": os.geteuid(),
-                   "rows": rows}, f, indent=1)
+        json.dump({**stamp("cuda"), "uid": os.geteuid(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from forge.backends import BACKENDS
-from forge.capture.export import output_view
 from forge.evaluate.judge import Rejected, Remote
-from forge.evaluate.steps import Load
+from forge.evaluate.live import loaded_and_placed
 from forge.evaluate.verify import generator, make_input
 from forge.kernel import Candidate, Status, TaskSpec
 
@@ -137,12 +136,10 @@ def autotune_once(worker: Worker, task: TaskSpec, cand: Candidate, path: str, ef
     start = time.perf_counter()
     remote = Remote(worker, worker.device, start + timeout_s)
     try:
-        remote.step(Load(task, cand.backend, path, cand.entry))
-        placed, bufs = remote.place(task.inputs, [(m.numel, m.torch_dtype) for m in task.outputs])
+        placed, outputs = loaded_and_placed(remote, task, cand.backend, path, cand.entry)
         gen = generator(worker.device, secrets.randbits(40))
         for k, (view, m) in enumerate(zip(placed, task.inputs, strict=True)):
             view.copy_(make_input(m, k, gen, worker.device))
-        outputs = [output_view(b, m) for b, m in zip(bufs, task.outputs, strict=True)]
         reply, _ = remote.tune(placed, outputs, effort, budget_s)
         configs = parse_configs(reply.message, names)
         return Tuned(replace(cand, source=with_configs(cand.source, configs)), time.perf_counter() - start,

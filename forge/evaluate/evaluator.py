@@ -193,9 +193,8 @@ class Evaluator(BaseEvaluator):
         self.builds.close()
         self._measuring.join()  # at most the copies' second: not torn down mid-copy when the process exits
 
-    def call(self, task: TaskSpec, cand: Candidate, inputs: list[Any]) -> tuple[Any, ...] | EvalResult:
-        """The outputs of one call of a candidate (built, cached) on these inputs, on the next free worker; no
-        verdict: forge lab runs a verified kernel on a person's own inputs so. A failure is an EvalResult."""
+    def _built(self, cand: Candidate) -> BuildResult | EvalResult:
+        """`cand` checked, built (cached) and its library checked; the failure as an EvalResult."""
         problems = check(cand)
         if problems:
             return EvalResult(problems[0][0], "; ".join(m for _, m in problems), device=self.device)
@@ -205,19 +204,23 @@ class Evaluator(BaseEvaluator):
         found = check_library(built.path, cand.backend)
         if found:
             return EvalResult(found[0][0], "; ".join(m for _, m in found)[:2000], device=self.device)
+        return built
+
+    def call(self, task: TaskSpec, cand: Candidate, inputs: list[Any]) -> tuple[Any, ...] | EvalResult:
+        """The outputs of one call of a candidate (built, cached) on these inputs, on the next free worker; no
+        verdict: forge lab runs a verified kernel on a person's own inputs so. A failure is an EvalResult."""
+        built = self._built(cand)
+        if isinstance(built, EvalResult):
+            return built
         job = self.slots.submit(lambda i: call_once(self.workers[i], task, cand.backend, built.path, cand.entry,
                                                     inputs, self.timeout_s))
         return job.result()  # on a judging slot: never at once with another candidate on that worker
 
-
     def autotune(self, task: TaskSpec, cand: Candidate, effort: str, budget_s: int) -> Tuned:
         """Build `cand` and run Helion's autotuner on it in the worker for Python candidates, on a judging slot."""
-        problems = check(cand)
-        if problems:
-            return Tuned(None, 0.0, "; ".join(m for _, m in problems)[:400])
-        built = self.builds.submit(cand).result()
-        if not built.ok:
-            return Tuned(None, 0.0, f"build_error: {first_error(built.log)}")
+        built = self._built(cand)
+        if isinstance(built, EvalResult):
+            return Tuned(None, 0.0, f"{built.status.value}: {built.message}"[:400])
         # a kernel at a time, each within its budget, plus Helion's start and the compiles it finishes
         limit = 30.0 + 1.5 * budget_s * max(1, len(kernel_names(cand.source)))
         job = self.slots.submit(lambda i: autotune_once(self.workers[i], task, cand, built.path, effort, budget_s,

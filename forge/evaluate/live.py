@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from forge.evaluate.parent import Worker
 
 
+def loaded_and_placed(remote: Remote, task: TaskSpec, backend: str, path: str, entry: str
+                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Load the candidate in the worker and place the task's inputs and outputs in the arena: (the inputs'
+    views, to fill; the outputs' views, in the task's shapes)."""
+    remote.step(Load(task, backend, path, entry))
+    placed, bufs = remote.place(task.inputs, [(m.numel, m.torch_dtype) for m in task.outputs])
+    return placed, [output_view(b, m) for b, m in zip(bufs, task.outputs, strict=True)]
+
+
 def call_once(worker: Worker, task: TaskSpec, backend: str, path: str, entry: str,
               inputs: Sequence[torch.Tensor], timeout_s: float = 60.0) -> tuple[torch.Tensor, ...] | EvalResult:
     """The candidate's outputs (copies, on the worker's device) for these inputs, which must match the task's
@@ -39,11 +48,9 @@ def call_once(worker: Worker, task: TaskSpec, backend: str, path: str, entry: st
     start = time.perf_counter()
     remote = Remote(worker, worker.device, start + timeout_s)
     try:
-        remote.step(Load(task, backend, path, entry))
-        placed, bufs = remote.place(task.inputs, [(m.numel, m.torch_dtype) for m in task.outputs])
+        placed, outputs = loaded_and_placed(remote, task, backend, path, entry)
         for view, t in zip(placed, inputs, strict=True):
             view.copy_(t)
-        outputs = [output_view(b, m) for b, m in zip(bufs, task.outputs, strict=True)]
         remote.call(placed, outputs)
         remote.sync()
         return tuple(o.clone() for o in outputs)

@@ -28,7 +28,6 @@ from dataclasses import replace
 from typing import Any
 
 from forge.confidence import noisy, speedup_ci
-from forge.evaluate.autotune import Tuned, kernel_names
 from forge.evaluate.evaluator import BaseEvaluator as Evaluator  # local workers or a Ray cluster
 from forge.kernel import Candidate, EvalResult, Feedback, NoKernel, TaskSpec
 from forge.policy.base import Policy
@@ -290,7 +289,7 @@ class TaskSearch:
         self.halt(reason)
         if self.rec.state != "done" or self.rec.stop_reason != self.stop:
             self.recorder.update_task(self.rec.id, state="done", stop_reason=self.stop)
-        self._autotune(ev, until)
+        tune.autotune(self, ev, until)
         entries = [Entry(k, cand(), self.results[k]) for k, cand in self.passed.items()]
         confirmed = retimed(ev, self.spec, top(entries), until)
         for e in confirmed:
@@ -309,40 +308,6 @@ class TaskSearch:
                            b.median_us if b else self.eager_us, t.median_us if t else None, self.tried, status,
                            self.stop or reason, best.cand if d.winner and best else None, self.floor_us,
                            res.speedup if res else None, speedup_ci(b, t), noisy(t) or noisy(b))
-
-
-    def _autotune(self, ev: Evaluator, until: float | None) -> None:
-        """Helion's autotuner on the task's fastest Helion candidate, its config judged as a child of it
-        (forge.search.tune); recorded in the task's meta (`autotune`) whether or not it gave one. Once a task
-        (a resumed run does not tune again), never on a node it grafted, never past `until`."""
-        fastest = None if "autotune" in self.meta else tune.fastest_helion(
-            {k: c for k, c in self.passed.items() if not tune.grafted(self.tree.nodes[k].payload)}, self.results)
-        if fastest is None:
-            return
-        key, cand = fastest
-        chosen = tune.plan(None if until is None else until - time.monotonic(), len(kernel_names(cand.source)))
-        if chosen is None:
-            return
-        effort, seconds = chosen
-        try:
-            tuned = ev.autotune(self.spec, cand, effort, seconds)
-        except Exception as e:  # noqa: BLE001 - no config, not a lost run
-            log.exception("task %s: Helion's autotuner failed", self.task.key)
-            tuned = Tuned(None, 0.0, f"{type(e).__name__}: {e}"[:300])
-        late = until is not None and time.monotonic() > until
-        self.set_meta(autotune={"node": self.db_id[key], "effort": effort, "budget_s": seconds,
-                                "seconds": round(tuned.seconds, 2), "configs": dict(tuned.configs),
-                                "message": tuned.message or ("no time left to judge it" if late else "")})
-        if tuned.candidate is None or late:
-            log.warning("task %s: no autotuned candidate judged: %s", self.task.key, tuned.message or "no time left")
-            return
-        with self.lock:
-            node = self.tree.graft(self.tree.nodes[key], tune.payload(self.db_id[key], effort))
-        res = ev.evaluate(self.spec, tuned.candidate)
-        with self.lock:
-            self.tree.report(node, reward_of(res.speedup if res.status.passed else None))
-            self._done(node, tuned.candidate, res)
-            self.seen.add(tuned.candidate, self.db_id[node.id], res, node.reward)
 
 
 def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder, budget: Budget,

@@ -11,12 +11,22 @@ under `MIN_S` seconds for it, Helion's "quick" up to `FULL_FROM_S`, "full" beyon
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from forge.backends import BACKENDS
+from forge.evaluate.autotune import Tuned, kernel_names
+from forge.evaluate.evaluator import BaseEvaluator as Evaluator
 from forge.kernel import Candidate, EvalResult
+from forge.search.mcts import reward_of
+
+if TYPE_CHECKING:
+    from forge.search.driver import TaskSearch
+
+log = logging.getLogger(__name__)
 
 MIN_S = 15.0  # seconds: below this a quick search finds little past the config the tree found
 MAX_S = 120  # seconds a kernel at most
@@ -47,13 +57,46 @@ def grafted(payload: Any) -> bool:
 
 def fastest_helion(passed: Mapping[int, Callable[[], Candidate]], results: Mapping[int, EvalResult]
                    ) -> tuple[int, Candidate] | None:
-    """The passing Helion node with the lowest median, and its candidate; None when there is none."""
-    found = None
-    for key, cand in passed.items():
-        res = results.get(key)
-        if res is None or res.timing is None:
-            continue
-        c = cand()
-        if BACKENDS[c.backend].autotunes and (found is None or res.timing.median_us < found[0]):
-            found = (res.timing.median_us, key, c)
-    return (found[1], found[2]) if found else None
+    """The passing Helion node with the lowest median, and its candidate; None when there is none (candidates
+    rendered fastest first, until one autotunes)."""
+    timed = sorted((res.timing.median_us, key) for key in passed
+                   if (res := results.get(key)) is not None and res.timing is not None)
+    for _, key in timed:
+        cand = passed[key]()
+        if BACKENDS[cand.backend].autotunes:
+            return key, cand
+    return None
+
+
+def autotune(s: TaskSearch, ev: Evaluator, until: float | None) -> None:
+    """Helion's autotuner on task search `s`'s fastest Helion candidate, its config judged as a child of it;
+    recorded in the task's meta (`autotune`) whether or not it gave one. Once a task (a resumed run does not
+    tune again), never on a node it grafted, never past `until` (time.monotonic)."""
+    fastest = None if "autotune" in s.meta else fastest_helion(
+        {k: c for k, c in s.passed.items() if not grafted(s.tree.nodes[k].payload)}, s.results)
+    if fastest is None:
+        return
+    key, cand = fastest
+    chosen = plan(None if until is None else until - time.monotonic(), len(kernel_names(cand.source)))
+    if chosen is None:
+        return
+    effort, seconds = chosen
+    try:
+        tuned = ev.autotune(s.spec, cand, effort, seconds)
+    except Exception as e:  # noqa: BLE001 - no config, not a lost run
+        log.exception("task %s: Helion's autotuner failed", s.task.key)
+        tuned = Tuned(None, 0.0, f"{type(e).__name__}: {e}"[:300])
+    late = until is not None and time.monotonic() > until
+    s.set_meta(autotune={"node": s.db_id[key], "effort": effort, "budget_s": seconds,
+                         "seconds": round(tuned.seconds, 2), "configs": dict(tuned.configs),
+                         "message": tuned.message or ("no time left to judge it" if late else "")})
+    if tuned.candidate is None or late:
+        log.warning("task %s: no autotuned candidate judged: %s", s.task.key, tuned.message or "no time left")
+        return
+    with s.lock:
+        node = s.tree.graft(s.tree.nodes[key], payload(s.db_id[key], effort))
+    res = ev.evaluate(s.spec, tuned.candidate)
+    with s.lock:
+        s.tree.report(node, reward_of(res.speedup if res.status.passed else None))
+        s._done(node, tuned.candidate, res)
+        s.seen.add(tuned.candidate, s.db_id[node.id], res, node.reward)

@@ -215,7 +215,9 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
     folder = _artifact_folder(store, run, runs_dir)
     pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
-        floor = _floor(loaded, cap, shown) if inductor else None  # before the workers: nothing else runs
+        # before the workers: nothing else runs
+        floor = _floor(loaded, cap, shown, start + budget.seconds * _COMPILE_END if budget.seconds else None
+                       ) if inductor else None
         with evaluator_for(loaded.device, scale) as ev:
             searching = replace(budget, seconds=_search_seconds(budget.seconds, time.monotonic() - start, floor))
             log.info("the search starts at %.1f s of the run, for %.1f s", time.monotonic() - start, searching.seconds)
@@ -282,13 +284,13 @@ def _search_seconds(seconds: float, elapsed: float, floor: Ahead | None) -> floa
     return max(5.0, left)
 
 
-def _floor(loaded: LoadedModel, cap: Capture | None, shown: Progress) -> Ahead | None:
-    """The chain without kernels and torch.compile's result measured ahead of the search on a GPU, else none
-    (on the CPU compilations take seconds: after the search, as before)."""
+def _floor(loaded: LoadedModel, cap: Capture | None, shown: Progress, finish: float | None) -> Ahead | None:
+    """The chain without kernels, torch.compile's result and that chain compiled, measured ahead of the search
+    on a GPU (measure_floor), else none (on the CPU compilations take seconds: after the search, as before)."""
     if cap is None or not loaded.device.startswith("cuda"):
         return None
     shown.stage("compile")
-    return measure_floor(loaded.model, loaded.inputs, loaded.device, cap)
+    return measure_floor(loaded.model, loaded.inputs, loaded.device, cap, finish=finish)
 
 
 def winners(outcomes: Sequence[TaskOutcome], tasks: Sequence[Task], ev: Evaluator) -> list[KernelArtifact]:

@@ -284,20 +284,23 @@ def test_an_artifact_with_a_variant_loads_as_that_variant(tmp_path):
         forge.load(bad, model, [x])
 
 
+class _Wide(nn.Module):
+    """Causal attention with a head wider than the fused kernels take: attention-gemm's site."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
+
+
 def test_a_rewrite_that_pays_only_compiled_is_judged_compiled_first(monkeypatch):
     """attention-gemm not kept on the graph runtime (here: nothing is kept) is still compiled with the chain's
     end, after the model itself (torch.compile's floor, here also the chain's end alone), and the result is the
     fastest of all measured."""
     import forge.runtime.variants as variants
 
-    class Wide(nn.Module):
-        def forward(self, q, k, v):
-            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
-
     torch.manual_seed(7)
     monkeypatch.setattr(variants, "GAIN", 0.0)  # no rewrite beats the plain graph by that much
     inputs = [torch.randn(1, 2, 33, 260) for _ in range(3)]
-    best, tried = choose(Wide(), inputs, [], "cpu", rewrites=("attention-gemm",))
+    best, tried = choose(_Wide(), inputs, [], "cpu", rewrites=("attention-gemm",))
     names = [m.variant.name for m in tried]
     assert names == ["eager graph, graph", "attention-gemm, graph", "model, inductor", "attention-gemm, inductor"]
     assert all(m.ok for m in tried), [m.error for m in tried]
@@ -388,23 +391,35 @@ def test_on_cuda_a_chain_starts_on_the_faster_runtime_and_its_compiled_end_follo
     assert (m.variant.runtime, rt) == ("graph", "inductor")
 
 
-def test_the_floor_measured_ahead_is_not_measured_again_and_paces_the_next_compilation():
+def test_the_floor_and_the_chain_compiled_measured_ahead_are_not_measured_again_and_pace_the_next(monkeypatch):
+    """Ahead of the search: the chain without kernels, the model compiled (the floor), then that chain's end
+    compiled with the rewrites that pay only compiled, where it fits before `finish` (judged by the floor)."""
+    import forge.runtime.variants as variants
+
+    monkeypatch.setattr(variants, "GAIN", 0.0)  # nothing is kept uncompiled: attention-gemm waits to be compiled
     torch.manual_seed(5)
-    model, x = Projections().eval(), torch.randn(3, 4, 19)
-    ahead = measure_floor(model, [x], "cpu")  # what forge optimize does on a GPU before the search
+    model, inputs = _Wide(), [torch.randn(1, 2, 33, 260) for _ in range(3)]
+    names = ("attention-gemm",)
+    ahead = measure_floor(model, inputs, "cpu", rewrites=names)  # what forge optimize does on a GPU
     tried, seconds = ahead.tried, ahead.compile_s
-    assert tried[0].variant.name == "eager graph, graph" and tried[-1].variant.name == "model, inductor"
-    assert seconds > 0 and ahead.chain_s > 0
-    floor = tried[-1]
-    assert floor.ok and floor.match
+    assert [m.variant.name for m in tried] == ["eager graph, graph", "attention-gemm, graph", "model, inductor",
+                                               "attention-gemm, inductor"]
+    assert seconds > 0 and ahead.chain_s > 0 and all(m.ok and m.match for m in tried), [m.error for m in tried]
+    floor, end = tried[2], tried[3]
 
     def compiled(seen: list) -> list:
         return [m for m in seen if m.variant.runtime.startswith("inductor")]
 
-    # the next compilation would end after `finish` (judged by the floor's time): none starts
-    best, seen = choose(model, [x], [], "cpu", finish=time.monotonic() + seconds / 2, ahead=ahead)
-    assert compiled(seen) == [floor] and best.ok and time_of(best) <= time_of(floor)
-    assert all(sum(m is t for m in seen) == 1 for t in tried)  # the chain without kernels, not measured again
+    # choose measures none of them again, and the result is the fastest of them all
+    best, seen = choose(model, inputs, [], "cpu", finish=time.monotonic() + seconds / 2, ahead=ahead,
+                        rewrites=names)
+    assert compiled(seen) == [floor, end] and best is min(tried[1:], key=time_of)
+    assert all(sum(m is t for m in seen) == 1 for t in tried)
+    # no time before `finish` for a compilation as long as the floor's: the floor alone is measured ahead
+    short = measure_floor(model, inputs, "cpu", rewrites=names, finish=time.monotonic())
+    assert [m.variant.name for m in compiled(short.tried)] == ["model, inductor"]
+    best, seen = choose(model, inputs, [], "cpu", finish=time.monotonic(), ahead=short, rewrites=names)
+    assert [m.variant.name for m in compiled(seen)] == ["model, inductor"]  # nor after the search
     # with time for it, the next one starts: judged by the floor's time, not as the first (which always starts)
     now = time.monotonic()
     assert may_compile(now, seconds, None, now + 2 * seconds) and not may_compile(now, seconds, None, now + seconds / 2)

@@ -22,7 +22,7 @@ time is left, the end of each chain is compiled by Inductor, the chain without k
 rewrites that pay only compiled (`Rewrite.pays_compiled`: attention as GEMMs around a softmax, whose
 passes Inductor fuses) added where they applied; then the chain ends without them, time permitting.
 The first compiled is always the model itself (torch.compile's result, the floor); forge optimize on a GPU
-measures it before the search (`measure_floor`), so that it does not take the time of the ones after it.
+measures it, and the chain without kernels compiled, before the search (`measure_floor`).
 A compiled variant whose kernels fell back to eager (Inductor handed them another layout than the one
 they were verified for, as it does the SD3.5 VAE's GroupNorms) is not what it says and fails; it is tried
 again without those kernels (`Variant.without`, "kernels (less N)"), as long as any are left and time
@@ -310,12 +310,14 @@ class Ahead:
 
 
 def measure_floor(model: torch.nn.Module, inputs: list[Any], device: str, cap: Capture | None = None,
-                  rewrites: tuple[str, ...] | None = None) -> Ahead:
+                  rewrites: tuple[str, ...] | None = None, finish: float | None = None) -> Ahead:
     """What needs no found kernel, measured ahead of the search: the chain without kernels (uncompiled; choose
-    does not measure it again) and what torch.compile makes of the model (choose's floor, on the runtime that
-    chain's compiled end has). Ahead, because on a reference model the floor's compilation takes as long as the
-    one that can beat it (51-67 s on Gemma 4 on an H200): after the search, the two no longer fitted in 300 s
-    (0d9eb0b, dda6433), nor, with the floor ahead but the chain after, did the second (0ea6aef)."""
+    does not measure it again), what torch.compile makes of the model (choose's floor, on the runtime that
+    chain's compiled end has), then that chain's compiled end (choose's next compilation) where it is not the
+    floor and, judged by the floor's time, fits before `finish`. Ahead: a reference model's compilation takes
+    about a minute on an H200's host, and after the search the second did not fit in 300 s (0d9eb0b, dda6433,
+    0ea6aef): the result was torch.compile's own where the chain without kernels compiled had made 1.07-1.12x
+    the faster torch.compile (SD3.5 MMDiT at 5a9cce5, Gemma 4 at 44e84b0)."""
     cap = cap or capture(model, inputs)
     tried: list[Measured] = []
 
@@ -324,10 +326,18 @@ def measure_floor(model: torch.nn.Module, inputs: list[Any], device: str, cap: C
         return tried[-1]
 
     start = time.monotonic()
-    _, _, runtime = _greedy(run, False, _names(rewrites, device), device.startswith("cuda"))
+    head = _greedy(run, False, _names(rewrites, device), device.startswith("cuda"))
     chained = time.monotonic()
-    run(Variant(False, (), runtime))
-    return Ahead(tuple(tried), time.monotonic() - chained, chained - start)
+    floor = run(Variant(False, (), head[2])).variant
+    seconds = time.monotonic() - chained
+    if _compiled_end(*head) != floor and may_compile(time.monotonic(), seconds, None, finish):
+        run(_compiled_end(*head))
+    return Ahead(tuple(tried), seconds, chained - start)
+
+
+def _compiled_end(head: Measured, later: tuple[str, ...], runtime: str) -> Variant:
+    """A chain's end (_greedy's answer) compiled, with the rewrites that pay only compiled added."""
+    return replace(head.variant, rewrites=parse((*head.variant.rewrites, *later)), runtime=runtime)
 
 
 def _names(rewrites: tuple[str, ...] | None, device: str) -> tuple[str, ...]:
@@ -369,8 +379,7 @@ def choose(model: torch.nn.Module, inputs: list[Any], kernels: list[KernelArtifa
     # fuses what they do: on the H200 the kernels inside Inductor won by 1.6% on Gemma 4, lost by 11% on the
     # SD3.5 MMDiT and fell back on the VAE), each head with the rewrites that pay only compiled, then the
     # heads as they are where that differs.
-    compiled = [replace(h.variant, rewrites=parse((*h.variant.rewrites, *later)), runtime=runtime)
-                for h, later, runtime in heads]
+    compiled = [_compiled_end(*h) for h in heads]
     compiled += [replace(h.variant, runtime=runtime) for h, later, runtime in heads if later]
     # first of all the model itself compiled, torch.compile's result: the floor may_compile always gives time
     # to (on the H200, KernelBench L2 57's chain kept cudnn-epilogue, whose opaque fused convolution kept

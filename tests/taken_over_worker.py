@@ -10,7 +10,9 @@ this process, as code that escaped into the interpreter could, then serves steps
 - `forged-verdict`: every step answered with a verdict of its own (accepted, 1 us against eager's 1 s);
 - `partial-reply`: every step answered with the start of a message, then nothing (forge must not wait forever);
 - `opens-judge-memory`: opens forge's `/proc/<pid>/mem` for writing, as a kernel's host code could at run time,
-  and prints what came of it ("judge memory: opened" or the error's name) to the worker's log, then serves.
+  and prints what came of it ("judge memory: opened" or the error's name) to the worker's log, then serves;
+- `signals-pid=PID`: asks to signal process PID (signal 0: the permission check alone), and prints what came
+  of it ("signal: sent" or the error's name), then serves.
 """
 
 import sys
@@ -67,6 +69,14 @@ elif mode == "opens-judge-memory":
             print("judge memory: opened", flush=True)
     except OSError as e:
         print(f"judge memory: {type(e).__name__}", flush=True)
+elif mode.startswith("signals-pid="):
+    import os
+
+    try:
+        os.kill(int(mode.partition("=")[2]), 0)  # the permission check alone
+        print("signal: sent", flush=True)
+    except OSError as e:
+        print(f"signal: {type(e).__name__}", flush=True)
 elif mode != "none":
     raise SystemExit(f"unknown mode {mode!r}")
 sys.exit(forge.evaluate.child.main(argv))

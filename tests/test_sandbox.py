@@ -23,7 +23,7 @@ from forge.capture.export import capture
 from forge.evaluate.build import build
 from forge.evaluate.evaluator import Evaluator
 from forge.evaluate.parent import Worker
-from forge.evaluate.privilege import DEFAULT_USER, plan
+from forge.evaluate.privilege import plan
 from forge.kernel import Candidate, Status, TaskSpec
 from forge.tasks.cut import build_tasks
 
@@ -59,15 +59,24 @@ def judged(spec: TaskSpec, name: str, cache: Path, unprivileged: bool) -> tuple[
         return r.status, ev.worker.uid
 
 
+def _no_account(uid: int | None) -> bool:
+    """A user id no account has, in FORGE_WORKER_UIDS' default range: a worker's own (privilege.fresh_id)."""
+    try:
+        pwd.getpwuid(uid or 0)
+        return False
+    except KeyError:
+        return uid is not None and 2_000_000_000 <= uid <= 2_000_999_999
+
+
 def test_a_root_worker_gives_up_root() -> None:
-    nobody = pwd.getpwnam(DEFAULT_USER).pw_uid
     with Worker("cpu") as w:
         w.start()
         assert w.proc is not None and w.privileged == ""
         status = Path(f"/proc/{w.proc.pid}/status").read_text()
-        assert w.uid == nobody
+        uid = w.uid
+        assert _no_account(uid), uid
         assert "NoNewPrivs:\t1" in status  # no setuid program gives root back
-        assert f"Uid:\t{nobody}\t{nobody}\t{nobody}" in status
+        assert f"Uid:\t{uid}\t{uid}\t{uid}" in status and f"Gid:\t{uid}\t{uid}\t{uid}" in status
     with Worker("cpu", unprivileged=False) as w:
         w.start()
         assert w.uid == 0 and w.privileged
@@ -79,20 +88,36 @@ def test_a_worker_that_gave_up_root_cannot_open_forges_memory(device: str) -> No
     the filter, which on CUDA lets such an open through):
     refused when it gave up root, a CUDA worker too (its arena comes over a socket, forge.evaluate.devmem);
     the control, a worker that kept root, opens it."""
-    nobody = pwd.getpwnam(DEFAULT_USER).pw_uid
     for unprivileged in (True, False):
         with Worker(device, program=(TAKEN_OVER, "opens-judge-memory"), unprivileged=unprivileged) as w:
             w.start()
             said = w.log_tail()
-            assert w.uid == (nobody if unprivileged else 0), (w.privileged, said)
+            assert (_no_account(w.uid) if unprivileged else w.uid == 0), (w.uid, w.privileged, said)
             assert ("judge memory: opened" in said) is not unprivileged, said
             assert "judge memory:" in said
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_worker_cannot_signal_another_workers_process(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code in one worker's process asks to signal another worker (signal 0: the permission check alone, no
+    harm done). Each worker has a user id of its own: refused. The control, both as `nobody` (a shared
+    account, as before 2026-12-06 evening): allowed, though hidepid hides the other from /proc."""
+    for user, allowed in (("unique", False), ("nobody", True)):
+        monkeypatch.setenv("FORGE_WORKER_USER", user)
+        with Worker(device) as other:
+            other.start()
+            assert other.proc is not None and other.uid != 0, other.privileged
+            with Worker(device, program=(TAKEN_OVER, f"signals-pid={other.proc.pid}")) as w:
+                w.start()
+                said = w.log_tail()
+                assert w.uid != 0 and (w.uid == other.uid) is allowed, (w.uid, other.uid, w.privileged)
+                assert ("signal: sent" in said) is allowed and "signal:" in said, said
+
+
 def test_a_worker_that_gave_up_root_cannot_read_forges_environment(spec: TaskSpec, cache: Path) -> None:
     """reads_forge_environ puts whatever it reads of /proc/<forge>/environ into its output."""
-    nobody = pwd.getpwnam(DEFAULT_USER).pw_uid
-    assert judged(spec, "reads_forge_environ", cache, unprivileged=True) == (Status.OK, nobody)
+    status, uid = judged(spec, "reads_forge_environ", cache, unprivileged=True)
+    assert status is Status.OK and _no_account(uid), (status, uid)
     status, uid = judged(spec, "reads_forge_environ", cache, unprivileged=False)
     assert uid == 0 and status in (Status.STALE_RESULT, Status.WRONG_RESULT), status  # root reads it
 
@@ -114,16 +139,16 @@ def test_a_worker_cannot_write_the_build_cache(spec: TaskSpec, cache: Path, monk
 def test_a_folder_the_worker_cannot_traverse_is_masked(tmp_path: Path) -> None:
     """A path the worker needs under a folder only root may enter (a virtual environment under /root) is
     shown again inside an empty tmpfs over that folder; one it cannot read is a reason to keep root."""
-    nobody = pwd.getpwnam(DEFAULT_USER)
+    nobody = pwd.getpwnam("nobody")
     closed = tmp_path / "closed"
     (closed / "venv").mkdir(parents=True)
     os.chmod(closed, 0o700)
     os.chmod(closed / "venv", 0o755)
     os.chmod(tmp_path, 0o755)
-    drop = plan(nobody.pw_uid, nobody.pw_gid, DEFAULT_USER, [str(closed / "venv")])
+    drop = plan(nobody.pw_uid, nobody.pw_gid, "nobody", [str(closed / "venv")])
     assert not isinstance(drop, str)
     assert drop.shown == (str(closed / "venv"),)
     assert all(str(closed).startswith(m) for m in drop.masks) and drop.masks
     (closed / "secret").mkdir(mode=0o700)
-    reason = plan(nobody.pw_uid, nobody.pw_gid, DEFAULT_USER, [str(closed / "secret")])
+    reason = plan(nobody.pw_uid, nobody.pw_gid, "nobody", [str(closed / "secret")])
     assert isinstance(reason, str) and "not readable" in reason

@@ -20,7 +20,7 @@ CUDA workers (unless FORGE_CUDA_SECCOMP=0; measured on an H200 and an H100: benc
 the same filter with one difference: a CUDA context opens /dev/nvidia* read-write after it is made (new
 mappings, new streams), and a filter cannot read the path an open names, so opens for reading and writing
 stay allowed there and only those that create, truncate or append are killed (started by root, a CUDA worker
-is FORGE_WORKER_USER's, as a CPU one: it can write world-writable files only). A confined
+is a user of its own, as a CPU one: it can write world-writable files only). A confined
 CUDA worker hands Triton and Helion candidates to an unconfined worker of its own (forge.evaluate.parent):
 Triton's compiler is a program (ptxas) the worker would start.
 The parent sees a worker killed by SIGSYS and reports `forbidden_io`; the harness starts a new worker and

@@ -1,6 +1,6 @@
 """Device memory two processes of different users share: CUDA's virtual memory API, through a file descriptor.
 
-The judge (forge's process, root when forge runs as root) and a CUDA worker (`nobody` then,
+The judge (forge's process, root when forge runs as root) and a CUDA worker (a user of its own then,
 forge.evaluate.privilege) both map the arena. Legacy CUDA IPC (`cudaIpcGetMemHandle`, what
 torch.multiprocessing uses) fails between two users whichever side exports ("mapping of buffer object
 failed", benchmarks/ipc_owner_probe.py); memory made with `cuMemCreate` and exported as a POSIX file

@@ -51,7 +51,7 @@ class Worker:
                  unprivileged: bool | None = None) -> None:
         """`confined`: the worker installs forge.evaluate.confine's seccomp filter. `own_network`: a network
         namespace of its own when forge runs as root (forge.evaluate.sandbox.limits). `unprivileged`: when
-        forge runs as root, the worker gives up root for FORGE_WORKER_USER (forge.evaluate.privilege). Each
+        forge runs as root, the worker gives up root for a user of its own (forge.evaluate.privilege). Each
         defaults to on for a CPU worker; a CUDA worker gets the namespace and the filter too unless
         FORGE_CUDA_SANDBOX=0 or FORGE_CUDA_SECCOMP=0 (with both the CUDA corpus passed, 33 tests, and the recipe
         kernels' throughput was 221.5 a minute against 224-235 without, on an H100 on 2026-12-06). A confined

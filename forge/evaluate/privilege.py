@@ -9,8 +9,11 @@ network namespace, the resource limits: forge.evaluate.sandbox.limits), before P
   forge, its own folder: say a virtual environment under /root) is covered by an empty tmpfs in which only
   what it needs is shown again, read-only. Files of root's elsewhere stay as root made them: unreadable
   to the worker's user where root made them so;
-- then its groups, group and user (FORGE_WORKER_USER, default `nobody`), and no_new_privs (no setuid
-  program gives root back).
+- then its groups, group and user, and no_new_privs (no setuid program gives root back). The user is, by
+  default, one of its own (`unique`): a user and group id no account and no running process has, from
+  FORGE_WORKER_UIDS (`START-END`, default 2000000000-2000999999), so that a candidate in one worker cannot
+  signal, trace or read another worker's processes (a shared `nobody` could: `hidepid` hides nothing of a
+  process of the same user) nor write its files. FORGE_WORKER_USER names an account instead (`nobody`).
 The built libraries it loads are copied into a folder of the worker's that it can read and not write
 (forge.evaluate.parent.Worker.stage): the build cache is written by forge's process only (its compilers),
 and its files and folders are not writable by the worker's user (forge.evaluate.build).
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import grp
+import itertools
 import os
 import pwd
 import stat
@@ -30,7 +35,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_USER = "nobody"
+DEFAULT_USER = "unique"  # a user id of its own per worker (fresh_id)
+_UIDS = (2_000_000_000, 2_000_999_999)  # FORGE_WORKER_UIDS' default: no distribution gives out ids this high
+_made = itertools.count()
 _CLONE_NEWNS = 0x00020000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -50,14 +57,17 @@ class Drop:
 
 
 def account(setting: str | None = None) -> tuple[int, int, str] | None:
-    """The (uid, gid, name) workers run as when forge runs as root: FORGE_WORKER_USER (a user name, `uid` or
-    `uid:gid`; default nobody); None when forge is not root or the setting is `root`. ValueError for an
-    account that does not exist."""
+    """The (uid, gid, name) a worker runs as when forge runs as root: FORGE_WORKER_USER (`unique`, the default:
+    a fresh id for each call, see fresh_id; a user name, `uid` or `uid:gid`); None when forge is not root or
+    the setting is `root`. ValueError for an account that does not exist, or no fresh id left."""
     if not sys.platform.startswith("linux") or os.geteuid() != 0:
         return None
     value = (os.environ.get("FORGE_WORKER_USER", DEFAULT_USER) if setting is None else setting).strip()
     if value in ("root", "0", "0:0"):
         return None
+    if value in ("", DEFAULT_USER):
+        uid = fresh_id()
+        return uid, uid, f"worker-{uid}"
     try:
         if value.replace(":", "").isdigit():
             uid, _, gid = value.partition(":")
@@ -67,6 +77,47 @@ def account(setting: str | None = None) -> tuple[int, int, str] | None:
         return entry.pw_uid, entry.pw_gid, entry.pw_name
     except (KeyError, ValueError) as e:
         raise ValueError(f"Invalid FORGE_WORKER_USER: {value!r} (no such account: {e})") from e
+
+
+def fresh_id() -> int:
+    """A user id (and group id) in FORGE_WORKER_UIDS that no account has and no running process uses, taken
+    from forge's process id and a count of this process's calls (concurrent forge runs rarely meet). ValueError
+    for a malformed range, or one with no such id found."""
+    text = os.environ.get("FORGE_WORKER_UIDS", "").strip()
+    try:
+        lo, hi = (int(x) for x in text.split("-")) if text else _UIDS
+    except ValueError:
+        raise ValueError(f"Invalid FORGE_WORKER_UIDS: {text!r} (want START-END, e.g. 2000000000-2000999999)") from None
+    if not 0 < lo <= hi < 2**31 - 1:
+        raise ValueError(f"Invalid FORGE_WORKER_UIDS: {text!r} (want 0 < START <= END < 2147483647)")
+    used = _running_uids()
+    for _ in range(256):
+        uid = lo + (os.getpid() * 1024 + next(_made)) % (hi - lo + 1)
+        if uid not in used and _name(uid) == str(uid) and not _group_exists(uid):
+            return uid
+    raise ValueError(f"Invalid FORGE_WORKER_UIDS: {lo}-{hi} has no user id free of accounts and processes")
+
+
+def _running_uids() -> set[int]:
+    """The real and effective user ids of every process this one sees."""
+    found: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/status") as f:
+                    line = next(x for x in f if x.startswith("Uid:"))
+                found.update(int(u) for u in line.split()[1:3])
+            except (OSError, StopIteration, ValueError):
+                continue
+    return found
+
+
+def _group_exists(gid: int) -> bool:
+    try:
+        grp.getgrgid(gid)
+        return True
+    except KeyError:
+        return False
 
 
 def _name(uid: int) -> str:

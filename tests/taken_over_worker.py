@@ -11,6 +11,8 @@ this process, as code that escaped into the interpreter could, then serves steps
 - `partial-reply`: every step answered with the start of a message, then nothing (forge must not wait forever);
 - `opens-judge-memory`: opens forge's `/proc/<pid>/mem` for writing, as a kernel's host code could at run time,
   and prints what came of it ("judge memory: opened" or the error's name) to the worker's log, then serves;
+- `who`: prints "user: NAME", the name getpass.getuser() gives (Inductor names its cache folder so), then
+  serves;
 - `signals-pid=PID`: asks to signal process PID (signal 0: the permission check alone), and prints what came
   of it ("signal: sent" or the error's name), then serves.
 """
@@ -77,6 +79,10 @@ elif mode.startswith("signals-pid="):
         print("signal: sent", flush=True)
     except OSError as e:
         print(f"signal: {type(e).__name__}", flush=True)
+elif mode == "who":
+    import getpass
+
+    print(f"user: {getpass.getuser()}", flush=True)
 elif mode != "none":
     raise SystemExit(f"unknown mode {mode!r}")
 sys.exit(forge.evaluate.child.main(argv))

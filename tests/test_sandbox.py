@@ -77,6 +77,10 @@ def test_a_root_worker_gives_up_root() -> None:
         assert _no_account(uid), uid
         assert "NoNewPrivs:\t1" in status  # no setuid program gives root back
         assert f"Uid:\t{uid}\t{uid}\t{uid}" in status and f"Gid:\t{uid}\t{uid}\t{uid}" in status
+    # a user no account has still has a name: getpass.getuser() (Inductor's, on Helion's import) would ask pwd
+    with Worker("cpu", program=(TAKEN_OVER, "who")) as w:
+        w.start()
+        assert f"user: worker-{w.uid}" in w.log_tail(), w.log_tail()
     with Worker("cpu", unprivileged=False) as w:
         w.start()
         assert w.uid == 0 and w.privileged

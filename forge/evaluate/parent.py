@@ -121,7 +121,10 @@ class Worker:
     def env(self) -> dict[str, str]:
         """What the worker's environment holds besides the allowlist (forge.evaluate.sandbox.worker_env)."""
         own_cache = str(self.scratch / "triton") if self.drop is not None else None  # not root's cache to write
-        return worker_env(self.device, self.confined, _ROOT, self.scratch, own_cache, self.triton_cache)
+        env = worker_env(self.device, self.confined, _ROOT, self.scratch, own_cache, self.triton_cache)
+        if self.drop is not None:  # the user it is, by name: getpass.getuser() (Inductor's, on Helion's import)
+            env.update(USER=self.drop.user, LOGNAME=self.drop.user)  # else asks pwd, which has no such account
+        return env
 
     def _start(self) -> None:
         self._first_load = self._staged

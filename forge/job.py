@@ -216,6 +216,7 @@ def _job(loaded: LoadedModel, store: Store, policy: str | Policy, budget: Budget
     pol.bind(store, run.id)  # where an LLM policy records its calls
     try:
         # before the workers: nothing else runs
+        # a compilation ahead ends early enough for the chain with the found kernels after the search
         floor = _floor(loaded, cap, shown, start + budget.seconds * _COMPILE_END if budget.seconds else None
                        ) if inductor else None
         with evaluator_for(loaded.device, scale) as ev:

@@ -11,6 +11,9 @@ this process, as code that escaped into the interpreter could, then serves steps
 - `partial-reply`: every step answered with the start of a message, then nothing (forge must not wait forever);
 - `opens-judge-memory`: opens forge's `/proc/<pid>/mem` for writing, as a kernel's host code could at run time,
   and prints what came of it ("judge memory: opened" or the error's name) to the worker's log, then serves;
+- `writes=PATH`: writes into PATH (an existing file anyone may write, say) and then into a new file in its
+  HOME (its scratch folder), and prints what came of each ("write PATH: done" or the error's name), then serves;
+- `leaves-daemon`: forks a process that leaves the worker's session and sleeps, then serves;
 - `who`: prints "user: NAME", the name getpass.getuser() gives (Inductor names its cache folder so), then
   serves;
 - `signals-pid=PID`: asks to signal process PID (signal 0: the permission check alone), and prints what came
@@ -79,6 +82,26 @@ elif mode.startswith("signals-pid="):
         print("signal: sent", flush=True)
     except OSError as e:
         print(f"signal: {type(e).__name__}", flush=True)
+elif mode.startswith("writes="):
+    import os
+
+    for path in (mode.partition("=")[2], os.path.join(os.environ["HOME"], "own")):
+        try:
+            with open(path, "r+b" if os.path.exists(path) else "wb") as f:
+                f.write(b"taken")
+            print(f"write {path}: done", flush=True)
+        except OSError as e:
+            print(f"write {path}: {type(e).__name__}", flush=True)
+elif mode == "leaves-daemon":
+    import os
+    import time
+
+    pid = os.fork()
+    if pid == 0:  # a process in a session of its own, which outlives a kill of the worker's group
+        os.setsid()
+        time.sleep(600)
+        os._exit(0)
+    print(f"daemon: {pid}", flush=True)
 elif mode == "who":
     import getpass
 

@@ -459,8 +459,8 @@ def test_a_cuda_worker_started_by_root_gives_it_up_and_judges_as_before(name: st
         r = ev.evaluate(spec, Candidate.from_file(CORPUS / name))
         assert r.status.value == expected(CORPUS / name), r.message
         judged = ev.worker.python_worker() if name.endswith(".py") else ev.worker
-        assert judged.privileged == "" and judged.uid not in (None, 0) and judged.uid != ev.worker.uid or \
-            judged is ev.worker and judged.privileged == "" and judged.uid not in (None, 0)
+        assert judged.privileged == "" and judged.drop is not None and judged.uid == judged.drop.uid != 0
+        assert judged is ev.worker or ev.worker.drop is not None and judged.uid != ev.worker.drop.uid
 
 
 @pytest.mark.cuda

@@ -29,7 +29,8 @@ from forge.capture.scans import libraries
 from forge.evaluate import devmem
 from forge.evaluate.arena import Arena
 from forge.evaluate.judge import evaluate
-from forge.evaluate.privilege import Drop, account, needed_paths, plan
+from forge.evaluate.landlock import Writable, for_worker
+from forge.evaluate.privilege import Drop, account, kill_all, needed_paths, plan, release_id, unique_ids
 from forge.evaluate.sandbox import limits, network_namespace, nondumpable, process_uid, scrubbed_env, worker_env
 from forge.evaluate.steps import ARENA_STEPS, EvalRequest, Load, Reply, decode, valid_reply
 from forge.evaluate.wire import Late, recv_within, signal_name
@@ -85,7 +86,9 @@ class Worker:
         self.arena = Arena(device)
         self._memfd = self.arena.memfds
         self.uid: int | None = None  # the user the running worker is (read from /proc)
+        self._own_id: int | None = None  # a user id of its own it holds (privilege.fresh_id)
         self.drop, self.privileged = self._plan(sandbox if unprivileged is None else unprivileged)
+        self.allowed: Writable | None = None  # what Landlock lets the running worker write (None: no Landlock)
         self._shares: socket.socket | None = None  # CUDA: where the arena's descriptors go to the running worker
         self._shared = 0  # the arena generation the running worker has been sent
         self._life = threading.Lock()  # `start` (from a judging slot's thread) against `close` (from any)
@@ -105,6 +108,7 @@ class Worker:
             return None, "forge runs as root and the worker keeps it (FORGE_WORKER_USER=root, or a CUDA worker " \
                 "with FORGE_CUDA_SANDBOX=0)" if os.geteuid() == 0 else ""
         uid, gid, user = who
+        self._own_id = uid if unique_ids() else None  # claimed by fresh_id: released at close
         os.chmod(root, 0o711)  # the worker reaches its folders, lists none of forge's (worker.log)
         os.chown(self.scratch, uid, gid)
         found = plan(uid, gid, user, needed_paths([_ROOT, str(self.scratch), str(self.lib)]))
@@ -133,6 +137,7 @@ class Worker:
         extra = self.env()
         dev = "cuda:0" if self.device.startswith("cuda") else self.device  # the one GPU it sees
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
+        self.allowed = for_worker(self.scratch, extra.get("TRITON_CACHE_DIR", ""))
         theirs = self._socket()
         flags = [*(["confine"] if self.confined else []), *(["private"] if self.drop else []),
                  *([f"preload={','.join(self.preload)}"] if self.preload else []),
@@ -205,7 +210,8 @@ class Worker:
         return subprocess.Popen(
             [sys.executable, *args], pass_fds=passed + ((self.arena.fd,) if self.arena.fd >= 0 else ()),
             env=scrubbed_env(extra), cwd=self.scratch, stdin=subprocess.DEVNULL, stdout=self.logf,
-            stderr=subprocess.STDOUT, preexec_fn=limits(self.memory_bytes, None, self.isolate_network, self.drop))
+            stderr=subprocess.STDOUT,
+            preexec_fn=limits(self.memory_bytes, None, self.isolate_network, self.drop, self.allowed))
 
     def stage(self, path: str) -> str:
         """A copy of a built library (or module) in the worker's `lib` folder, named by its SHA-256, that the
@@ -230,6 +236,8 @@ class Worker:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+            if self.drop is not None and self._own_id is not None:  # and what it left running in a session of its own
+                kill_all(self._own_id)
             for c in (self.conn_in, self.conn_out):
                 c.close()
             self.logf.close()
@@ -381,6 +389,8 @@ class Worker:
                 self._stop()
                 self.arena.close()
                 self._dir.cleanup()
+                if self._own_id is not None:
+                    release_id(self._own_id)
             finally:
                 if python is not None:
                     python.close()

@@ -24,20 +24,26 @@ container without CAP_SYS_ADMIN), the worker runs as forge's user and the parent
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import grp
-import itertools
+import logging
 import os
 import pwd
+import secrets
+import shutil
 import stat
+import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 DEFAULT_USER = "unique"  # a user id of its own per worker (fresh_id)
 _UIDS = (2_000_000_000, 2_000_999_999)  # FORGE_WORKER_UIDS' default: no distribution gives out ids this high
-_made = itertools.count()
+_claims: dict[int, int] = {}  # user id -> the descriptor whose lock claims it (fresh_id)
 _CLONE_NEWNS = 0x00020000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -65,7 +71,7 @@ def account(setting: str | None = None) -> tuple[int, int, str] | None:
     value = (os.environ.get("FORGE_WORKER_USER", DEFAULT_USER) if setting is None else setting).strip()
     if value in ("root", "0", "0:0"):
         return None
-    if value in ("", DEFAULT_USER):
+    if unique_ids(value):
         uid = fresh_id()
         return uid, uid, f"worker-{uid}"
     try:
@@ -79,10 +85,16 @@ def account(setting: str | None = None) -> tuple[int, int, str] | None:
         raise ValueError(f"Invalid FORGE_WORKER_USER: {value!r} (no such account: {e})") from e
 
 
+def unique_ids(setting: str | None = None) -> bool:
+    """Whether FORGE_WORKER_USER (or `setting`) asks for a user id of its own per worker (the default)."""
+    value = os.environ.get("FORGE_WORKER_USER", DEFAULT_USER) if setting is None else setting
+    return value.strip() in ("", DEFAULT_USER)
+
+
 def fresh_id() -> int:
-    """A user id (and group id) in FORGE_WORKER_UIDS that no account has and no running process uses, taken
-    from forge's process id and a count of this process's calls (concurrent forge runs rarely meet). ValueError
-    for a malformed range, or one with no such id found."""
+    """A user id (and group id) in FORGE_WORKER_UIDS, drawn at random, that no account has, no running process
+    uses and no other worker holds: it is claimed by a lock this process holds until release_id (or its
+    death), in a folder only root writes. ValueError for a malformed range, or none free found."""
     text = os.environ.get("FORGE_WORKER_UIDS", "").strip()
     try:
         lo, hi = (int(x) for x in text.split("-")) if text else _UIDS
@@ -92,10 +104,45 @@ def fresh_id() -> int:
         raise ValueError(f"Invalid FORGE_WORKER_UIDS: {text!r} (want 0 < START <= END < 2147483647)")
     used = _running_uids()
     for _ in range(256):
-        uid = lo + (os.getpid() * 1024 + next(_made)) % (hi - lo + 1)
-        if uid not in used and _name(uid) == str(uid) and not _group_exists(uid):
+        uid = lo + secrets.randbelow(hi - lo + 1)
+        if uid not in used and _name(uid) == str(uid) and not _group_exists(uid) and _claim(uid):
             return uid
     raise ValueError(f"Invalid FORGE_WORKER_UIDS: {lo}-{hi} has no user id free of accounts and processes")
+
+
+def _claim(uid: int) -> bool:
+    """Lock `uid` for this process (False: another holds it)."""
+    folder = Path("/run/forge-workers" if os.path.isdir("/run") else "/tmp/forge-workers")
+    folder.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _claims[uid] = fd
+    return True
+
+
+def release_id(uid: int) -> None:
+    """Give back a user id fresh_id claimed (after its processes are gone: kill_all)."""
+    fd = _claims.pop(uid, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def kill_all(uid: int) -> None:
+    """Kill every process of user `uid` (a worker's own: what a candidate left running after its worker was
+    stopped, in a session of its own, would otherwise live on as the next candidate's user): `kill -KILL -1`
+    (procps' or util-linux's, which any user may run: forge's Python may sit where that user cannot reach) run
+    as that user signals every process it may, which are that user's alone."""
+    program = shutil.which("kill") or "/bin/kill"
+    try:
+        subprocess.run([program, "-KILL", "-1"], user=uid, group=uid, extra_groups=[], env={},
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                       timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("could not kill what user %d left running: %s", uid, e)
 
 
 def _running_uids() -> set[int]:

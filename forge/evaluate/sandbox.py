@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from forge.evaluate.landlock import Writable, restrict
 from forge.evaluate.privilege import Drop
 from forge.evaluate.privilege import apply as give_up_root
 
@@ -51,16 +52,18 @@ _CLONE_NEWNET = 0x40000000
 
 def worker_env(device: str, confined: bool, root: str, scratch: Path, own_cache: str | None,
                triton_sub: str | None) -> dict[str, str]:
-    """A worker's environment besides the allowlist (`scrubbed_env`): forge's checkout (`root`) importable, HOME
-    its own folder (credentials under the user's home, ~/.aws, ~/.netrc, tokens, are not a path away), Triton's
-    cache where it was (`own_cache` when the worker is not forge's user; `triton_sub` a subfolder of its own),
-    the one GPU it sees, and under the CUDA filter no cache file to create (an O_CREAT the filter kills): the
-    driver's for JIT-compiled PTX, PyTorch's for its jiterator's kernels (gcd, i1, zeta: eager, timed there)."""
+    """A worker's environment besides the allowlist (`scrubbed_env`): forge's checkout (`root`) importable, HOME,
+    TMPDIR and Inductor's cache in its own folder (credentials under the user's home, ~/.aws, ~/.netrc, tokens,
+    are not a path away; Landlock lets it write there), Triton's cache where it was (`own_cache` when the worker
+    is not forge's user; `triton_sub` a subfolder of its own), the one GPU it sees, and under the CUDA filter
+    no cache file to create (an O_CREAT the filter kills): the driver's for JIT-compiled PTX, PyTorch's for its
+    jiterator's kernels (gcd, i1, zeta: eager, timed there)."""
     triton_cache = own_cache or os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
     if own_cache is None and triton_sub:
         triton_cache = str(Path(triton_cache) / triton_sub)
     extra = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
-             "PYTHONUNBUFFERED": "1", "HOME": str(scratch), "TRITON_CACHE_DIR": triton_cache}
+             "PYTHONUNBUFFERED": "1", "HOME": str(scratch), "TRITON_CACHE_DIR": triton_cache,
+             "TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor")}
     if device.startswith("cuda"):
         index = device.split(":")[1] if ":" in device else "0"
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -72,11 +75,12 @@ def worker_env(device: str, confined: bool, root: str, scratch: Path, own_cache:
 
 
 def limits(memory_bytes: int | None, cpu_seconds: int | None, own_network: bool = True,
-           drop: Drop | None = None) -> Callable[[], None]:
+           drop: Drop | None = None, allowed: Writable | None = None) -> Callable[[], None]:
     """A preexec function for a worker: its own session, an address-space and a CPU-time limit, (Linux, as
     root, `own_network`) a network namespace of its own, which has no interface but a loopback that is
     down: no network at all, sockets or not; then, with `drop`, root given up (forge.evaluate.privilege).
-    Where the namespace cannot be made (no privilege, a container without it) the worker runs without."""
+    Where the namespace cannot be made (no privilege, a container without it) the worker runs without. Last,
+    with `allowed`, Landlock: it writes only there (forge.evaluate.landlock)."""
 
     def apply() -> None:
         os.setsid()  # Ctrl-C in the terminal reaches the parent only
@@ -88,7 +92,9 @@ def limits(memory_bytes: int | None, cpu_seconds: int | None, own_network: bool 
             resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if drop is not None:
-            give_up_root(drop)  # last: what needs root is done
+            give_up_root(drop)  # what needs root is done
+        if allowed is not None:
+            restrict(allowed)
 
     return apply
 

@@ -319,7 +319,8 @@ def measure_floor(model: torch.nn.Module, inputs: list[Any], device: str, cap: C
     """What needs no found kernel, measured ahead of the search: the chain without kernels (uncompiled; choose
     does not measure it again), what torch.compile makes of the model (choose's floor, on the runtime that
     chain's compiled end has), then that chain's compiled end (choose's next compilation) where it is not the
-    floor and, judged by the floor's time, fits before `finish`. Ahead: a reference model's compilation takes
+    floor and, judged by the floor's time, ends before `finish` less the chain's time (the chain with the found
+    kernels, after the search, takes about as long). Ahead: a reference model's compilation takes
     about a minute on an H200's host, and after the search the second did not fit in 300 s (0d9eb0b, dda6433,
     0ea6aef): the result was torch.compile's own where the chain without kernels compiled had made 1.07-1.12x
     the faster torch.compile (SD3.5 MMDiT at 5a9cce5, Gemma 4 at 44e84b0)."""
@@ -335,7 +336,8 @@ def measure_floor(model: torch.nn.Module, inputs: list[Any], device: str, cap: C
     chained = time.monotonic()
     floor = run(Variant(False, (), head[2])).variant
     seconds = time.monotonic() - chained
-    if _compiled_end(*head) != floor and may_compile(time.monotonic(), seconds, None, finish):
+    room = None if finish is None else finish - (chained - start)
+    if _compiled_end(*head) != floor and may_compile(time.monotonic(), seconds, None, room):
         run(_compiled_end(*head))
     return Ahead(tuple(tried), seconds, chained - start)
 

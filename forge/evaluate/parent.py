@@ -37,6 +37,8 @@ from forge.evaluate.wire import Late, recv_within, signal_name
 from forge.kernel import EvalResult, Status
 
 log = logging.getLogger(__name__)
+# Landlock on CUDA workers unless FORGE_CUDA_LANDLOCK=0 (forge.evaluate.landlock)
+_CUDA_LANDLOCK = "1"
 _ROOT = str(Path(__file__).resolve().parents[2])  # the checkout (forge/evaluate/parent.py)
 
 
@@ -89,6 +91,7 @@ class Worker:
         self._own_id: int | None = None  # a user id of its own it holds (privilege.fresh_id)
         self.drop, self.privileged = self._plan(sandbox if unprivileged is None else unprivileged)
         self.allowed: Writable | None = None  # what Landlock lets the running worker write (None: no Landlock)
+        self._landlock = not cuda or os.environ.get("FORGE_CUDA_LANDLOCK", _CUDA_LANDLOCK) != "0"
         self._shares: socket.socket | None = None  # CUDA: where the arena's descriptors go to the running worker
         self._shared = 0  # the arena generation the running worker has been sent
         self._life = threading.Lock()  # `start` (from a judging slot's thread) against `close` (from any)
@@ -137,7 +140,7 @@ class Worker:
         extra = self.env()
         dev = "cuda:0" if self.device.startswith("cuda") else self.device  # the one GPU it sees
         self.logf = open(self.log_path, "ab")  # noqa: SIM115 - closed in _stop
-        self.allowed = for_worker(self.scratch, extra.get("TRITON_CACHE_DIR", ""))
+        self.allowed = for_worker(self.scratch, extra.get("TRITON_CACHE_DIR", "")) if self._landlock else None
         theirs = self._socket()
         flags = [*(["confine"] if self.confined else []), *(["private"] if self.drop else []),
                  *([f"preload={','.join(self.preload)}"] if self.preload else []),

@@ -9,11 +9,12 @@ privilege: here, in the worker's preexec (forge.evaluate.sandbox.limits), after 
 Python starts, so that the whole worker is under it from its first instruction. What it handles is writing
 (writing to, truncating, removing, renaming into or making files, folders, devices, sockets and links);
 reading and executing stay as the user's permissions and the mount namespace say (forge.evaluate.privilege).
-Allowed: everything beneath the worker's own folders (its scratch, with HOME, TMPDIR and the caches in it)
-and writing to /dev/null and the NVIDIA devices. No maintained Python binding of Landlock exists (the PyPI
-`landlock` package has development releases only), so the three system calls are called through ctypes.
-Where the kernel lacks Landlock (or a container's filter refuses it), `abi()` is 0 and the worker runs
-without, as the parent logs; FORGE_LANDLOCK=0 turns it off.
+Allowed: everything beneath the worker's own folders (its scratch, with HOME, TMPDIR and the caches in it), its
+own /proc folder and /dev/shm (SHARED: CUDA needs both), and writing to /dev/null and the NVIDIA devices.
+No maintained Python binding of Landlock exists (the PyPI `landlock` package has development releases only),
+so the three system calls are called through ctypes. Where the kernel lacks Landlock (or a container's filter
+refuses it), `abi()` is 0 and the worker runs without, as the parent logs; FORGE_LANDLOCK=0 turns it off
+(FORGE_CUDA_LANDLOCK=0 on CUDA workers only).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ _DIRS = {1: (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1
          3: 1 << 14}  # truncate
 _TRUNCATE = 1 << 14
 DEVICES = ("/dev/null", "/dev/nvidia*", "/dev/nvidia-caps/*")  # what a worker writes to outside its folders
+# Folders a worker writes in besides its own: the CUDA driver's shared memory and the process's own /proc files
+# (without them cudaGetDeviceCount fails with error 304, "OS call failed", on an H100 at 8b3ca16). /proc/self is
+# opened in the worker's preexec: its own folder there. In /dev/shm it reaches only files its user may write,
+# which for a worker of its own user id are its own and the world-writable ones.
+SHARED = ("/dev/shm", "/proc/self")
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -110,7 +116,7 @@ def restrict(allowed: Writable) -> None:
     if fd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
-        for path, access in [*((f, handled) for f in allowed.folders),
+        for path, access in [*((f, handled) for f in (*allowed.folders, *SHARED)),
                              *((f, _WRITE_FILE | (_TRUNCATE if version >= 3 else 0)) for f in allowed.files)]:
             _allow(fd, path, access)
         if _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:  # set already where root was given up

@@ -13,8 +13,8 @@ Allowed: everything beneath the worker's own folders (its scratch, with HOME, TM
 own /proc folder and /dev/shm (SHARED: CUDA needs both), and writing to /dev/null and the NVIDIA devices.
 No maintained Python binding of Landlock exists (the PyPI `landlock` package has development releases only),
 so the three system calls are called through ctypes. Where the kernel lacks Landlock (or a container's filter
-refuses it), `abi()` is 0 and the worker runs without, as the parent logs; FORGE_LANDLOCK=0 turns it off
-(FORGE_CUDA_LANDLOCK=0 on CUDA workers only).
+refuses it), `abi()` is 0 and the worker runs without (logged once), as it does on ABI 1 (for_worker);
+FORGE_LANDLOCK=0 turns it off (FORGE_CUDA_LANDLOCK=0 on CUDA workers only).
 """
 
 from __future__ import annotations
@@ -91,13 +91,21 @@ def _kernel_abi() -> int:
 def for_worker(scratch: Path, triton_cache: str) -> Writable | None:
     """What a worker may write: its scratch folder (HOME, TMPDIR, caches), Triton's cache where that is
     elsewhere (made here first: the worker may make nothing outside) and the devices of DEVICES that exist
-    (read in forge's process, before the worker starts). None where abi() is 0."""
-    if not abi():
+    (read in forge's process, before the worker starts). None where abi() is below 2 (Linux before 5.19)."""
+    if abi() < 2:  # ABI 1 refuses every rename across folders: Triton's cache moves each entry into place so
+        if abi() == 1:
+            _too_old()
         return None
     if triton_cache and not Path(triton_cache).is_relative_to(scratch):
         os.makedirs(triton_cache, exist_ok=True)
     files = sorted({f for pattern in DEVICES for f in glob.glob(pattern) if not os.path.isdir(f)})
     return Writable(tuple(os.path.realpath(f) for f in (str(scratch), triton_cache) if f), tuple(files))
+
+
+@functools.cache
+def _too_old() -> None:
+    log.warning("this kernel's Landlock is ABI 1 (Linux 5.13-5.18), which refuses the renames Triton's cache "
+                "makes: workers run without it")
 
 
 def _handled(version: int) -> int:

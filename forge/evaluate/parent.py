@@ -30,7 +30,7 @@ from forge.evaluate import devmem
 from forge.evaluate.arena import Arena
 from forge.evaluate.judge import evaluate
 from forge.evaluate.landlock import Writable, for_worker
-from forge.evaluate.privilege import Drop, account, kill_all, needed_paths, plan, release_id, unique_ids
+from forge.evaluate.privilege import Drop, drop_for, kill_all, release_id
 from forge.evaluate.sandbox import limits, network_namespace, nondumpable, process_uid, scrubbed_env, worker_env
 from forge.evaluate.steps import ARENA_STEPS, EvalRequest, Load, Reply, decode, valid_reply
 from forge.evaluate.wire import Late, recv_within, signal_name
@@ -107,19 +107,14 @@ class Worker:
         self.scratch.mkdir()
         self.lib.mkdir()
         os.chmod(self.lib, 0o755)
-        who = account() if want else None
-        if who is None:
-            return None, "forge runs as root and the worker keeps it (FORGE_WORKER_USER=root, or a CUDA worker " \
-                "with FORGE_CUDA_SANDBOX=0)" if os.geteuid() == 0 else ""
-        uid, gid, user = who
-        self._own_id = uid if unique_ids() else None  # claimed by fresh_id: released at close
-        os.chmod(root, 0o711)  # the worker reaches its folders, lists none of forge's (worker.log)
-        os.chown(self.scratch, uid, gid)
-        found = plan(uid, gid, user, needed_paths([_ROOT, str(self.scratch), str(self.lib)]))
-        if isinstance(found, str):
-            log.warning("the %s worker keeps root: %s", self.device, found)
-            return None, found
-        return found, ""
+        found, self._own_id = drop_for(want, root, self.scratch, [_ROOT, str(self.scratch), str(self.lib)])
+        return (None, found) if isinstance(found, str) else (found, "")
+
+    def _unclaim(self) -> None:
+        """Give back the user id of its own, if it holds one (privilege.release_id)."""
+        if self._own_id is not None:
+            release_id(self._own_id)
+            self._own_id = None
 
     @property
     def log_path(self) -> Path:
@@ -393,9 +388,8 @@ class Worker:
                 self._stop()
                 self.arena.close()
                 self._dir.cleanup()
-                if self._own_id is not None:
-                    release_id(self._own_id)
             finally:
+                self._unclaim()
                 if python is not None:
                     python.close()
 

@@ -23,6 +23,7 @@ container without CAP_SYS_ADMIN), the worker runs as forge's user and the parent
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import functools
@@ -32,6 +33,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_USER = "unique"  # a user id of its own per worker (fresh_id)
 _UIDS = (2_000_000_000, 2_000_999_999)  # FORGE_WORKER_UIDS' default: no distribution gives out ids this high
-_claims: dict[int, int] = {}  # user id -> the descriptor whose lock claims it (fresh_id)
+_claims: dict[int, tuple[int, Path]] = {}  # user id -> the locked descriptor and file that claim it (fresh_id)
 _CLONE_NEWNS = 0x00020000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -111,38 +113,75 @@ def fresh_id() -> int:
 
 
 def _claim(uid: int) -> bool:
-    """Lock `uid` for this process (False: another holds it)."""
-    folder = Path("/run/forge-workers" if os.path.isdir("/run") else "/tmp/forge-workers")
-    folder.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """Lock `uid` for this process (False: another holds it), in a folder only forge's user (root) may write.
+    ValueError when that folder cannot be made, or is not root's alone."""
+    folder = Path("/run/forge-workers" if os.access("/run", os.W_OK) else "/tmp/forge-workers")
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError as e:
+        raise ValueError(f"cannot claim worker user ids in {folder}: {e}") from e
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ValueError(f"cannot claim worker user ids in {folder}: not a folder of forge's user alone")
+    path = folder / str(uid)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(path, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:  # released and removed meanwhile
+            raise OSError("claimed a file another release removed")
     except OSError:
         os.close(fd)
         return False
-    _claims[uid] = fd
+    _claims[uid] = (fd, path)
     return True
 
 
 def release_id(uid: int) -> None:
-    """Give back a user id fresh_id claimed (after its processes are gone: kill_all)."""
-    fd = _claims.pop(uid, None)
-    if fd is not None:
+    """Give back a user id fresh_id claimed (after its processes are gone: kill_all), with what it left in
+    /dev/shm removed (_clear_shared_memory)."""
+    _clear_shared_memory(uid)
+    claim = _claims.pop(uid, None)
+    if claim is not None:
+        fd, path = claim
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still locked: whoever opened it meanwhile sees it gone (_claim)
         os.close(fd)
 
 
 def kill_all(uid: int) -> None:
     """Kill every process of user `uid` (a worker's own: what a candidate left running after its worker was
-    stopped, in a session of its own, would otherwise live on as the next candidate's user): `kill -KILL -1`
-    (procps' or util-linux's, which any user may run: forge's Python may sit where that user cannot reach) run
-    as that user signals every process it may, which are that user's alone."""
-    program = shutil.which("kill") or "/bin/kill"
+    stopped, in a session of its own, would otherwise live on as the next candidate's user): a child that has
+    become that user sends SIGKILL to every process it may signal (which are that user's alone, itself
+    spared), then runs `true` (any program would do: the work is done before it)."""
     try:
-        subprocess.run([program, "-KILL", "-1"], user=uid, group=uid, extra_groups=[], env={},
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-                       timeout=30)
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("could not kill what user %d left running: %s", uid, e)
+        subprocess.run([shutil.which("true") or "/bin/true"], user=uid, group=uid, extra_groups=[], env={},
+                       preexec_fn=_kill_everything_mine, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:  # the program missing: the signals were sent before
+        log.debug("kill_all(%d): %s", uid, e)
+
+
+def _kill_everything_mine() -> None:
+    """In kill_all's child, after it became the user: kill(-1, SIGKILL)."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:  # nothing else of that user runs
+        pass
+
+
+def _clear_shared_memory(uid: int) -> None:
+    """Remove what user `uid` left in /dev/shm (a worker's own id, released: its files would use memory, and
+    be readable by the next worker given that id)."""
+    try:
+        entries = list(os.scandir("/dev/shm"))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.stat(follow_symlinks=False).st_uid == uid:
+                os.unlink(entry.path)
+        except OSError:
+            continue
 
 
 def _running_uids() -> set[int]:
@@ -179,6 +218,32 @@ def _gid(uid: int) -> int:
         return pwd.getpwuid(uid).pw_gid
     except KeyError:
         return uid
+
+
+def drop_for(want: bool, root: Path, scratch: Path, needs: list[str]) -> tuple[Drop | str, int | None]:
+    """A worker's Drop (its folder `root` made reachable, its `scratch` made its user's, what it `needs` shown
+    to it: plan), or why it keeps forge's user ("" where forge is not root); with the user id of its own it
+    claimed (fresh_id), which the caller gives back with release_id, or None."""
+    who = account() if want else None
+    if who is None:
+        return ("forge runs as root and the worker keeps it (FORGE_WORKER_USER=root, or a CUDA worker with "
+                "FORGE_CUDA_SANDBOX=0)" if os.geteuid() == 0 else ""), None
+    uid, gid, user = who
+    own = uid if unique_ids() else None
+    try:
+        os.chmod(root, 0o711)  # the worker reaches its folders, lists none of forge's (worker.log)
+        os.chown(scratch, uid, gid)
+        found = plan(uid, gid, user, needed_paths(needs))
+    except BaseException:
+        if own is not None:
+            release_id(own)
+        raise
+    if isinstance(found, str):
+        log.warning("a worker keeps root: %s", found)
+        if own is not None:
+            release_id(own)
+            own = None
+    return found, own
 
 
 def needed_paths(extra: Iterable[str] = ()) -> list[str]:

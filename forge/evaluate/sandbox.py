@@ -63,7 +63,8 @@ def worker_env(device: str, confined: bool, root: str, scratch: Path, own_cache:
         triton_cache = str(Path(triton_cache) / triton_sub)
     extra = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
              "PYTHONUNBUFFERED": "1", "HOME": str(scratch), "TRITON_CACHE_DIR": triton_cache,
-             "TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor")}
+             "TMPDIR": str(scratch), "TMP": str(scratch), "TEMP": str(scratch),
+             "XDG_CACHE_HOME": str(scratch / ".cache"), "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor")}
     if device.startswith("cuda"):
         index = device.split(":")[1] if ":" in device else "0"
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -94,7 +95,11 @@ def limits(memory_bytes: int | None, cpu_seconds: int | None, own_network: bool 
         if drop is not None:
             give_up_root(drop)  # what needs root is done
         if allowed is not None:
-            restrict(allowed)
+            try:
+                restrict(allowed)
+            except OSError as e:  # no start without it: the parent's fallback for a failed drop would keep root
+                os.write(2, f"forge: Landlock failed: {e}\n".encode())
+                os._exit(126)
 
     return apply
 

@@ -154,19 +154,23 @@ def kill_all(uid: int) -> None:
     become that user sends SIGKILL to every process it may signal (which are that user's alone, itself
     spared), then runs `true` (any program would do: the work is done before it)."""
     try:
-        subprocess.run([shutil.which("true") or "/bin/true"], user=uid, group=uid, extra_groups=[], env={},
-                       preexec_fn=_kill_everything_mine, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, check=False, timeout=30)
+        subprocess.run([shutil.which("true") or "/bin/true"], env={}, preexec_fn=functools.partial(_kill_as, uid),
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                       timeout=30)
     except (OSError, subprocess.SubprocessError) as e:  # the program missing: the signals were sent before
         log.debug("kill_all(%d): %s", uid, e)
 
 
-def _kill_everything_mine() -> None:
-    """In kill_all's child, after it became the user: kill(-1, SIGKILL)."""
-    try:
+def _kill_as(uid: int) -> None:
+    """In kill_all's child: become `uid` (groups, group, user), make sure of it, then kill(-1, SIGKILL). Never as
+    root: kill(-1) there would reach every process of the machine."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if uid == 0 or os.getresuid() != (uid, uid, uid):
+        raise OSError(f"kill_all: not user {uid}")
+    with contextlib.suppress(ProcessLookupError):  # nothing else of that user runs
         os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:  # nothing else of that user runs
-        pass
 
 
 def _clear_shared_memory(uid: int) -> None:

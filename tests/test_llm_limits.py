@@ -204,19 +204,31 @@ def snoop_answer(prompt):
     return [Step(f"Here it is.\n\n```cpp\n{SNOOP}```\n")]
 
 
-def test_the_snoop_kernel_finds_a_key_it_can_see(spec, tmp_path):
+def test_the_snoop_kernel_finds_a_key_it_can_see(spec, tmp_path, monkeypatch):
     """The control: where a process holding the secret is visible, the kernel finds it and is wrong. A worker
-    started by root runs as its own user and sees only that user's processes (forge.evaluate.privilege): the
-    decoy runs as that user then."""
-    from forge.evaluate.privilege import account
+    started by root runs as a user id of its own and sees only that user's processes (forge.evaluate.privilege):
+    here that id is named (FORGE_WORKER_USER=uid:gid), and the decoy runs as it too. Landlock is off for the
+    control: a process under it may not read the /proc files (environ, mem) of one outside its domain, even of
+    its own user, and with it on the same snoop finds nothing."""
+    from forge.evaluate import landlock
+    from forge.evaluate.privilege import account, release_id
 
     secret = "sk-forge-leaktest-" + secrets.token_hex(8)
+    monkeypatch.setenv("FORGE_LANDLOCK", "0")
     who = account()  # None where forge is not root: the worker is forge's user, as the decoy is
+    if who:
+        release_id(who[0])  # a fresh id, named for the worker below rather than claimed
+        monkeypatch.setenv("FORGE_WORKER_USER", f"{who[0]}:{who[1]}")
     as_worker = {"user": who[0], "group": who[1], "extra_groups": []} if who else {}
     decoy = subprocess.Popen(["sleep", "120"], env={"PATH": os.environ["PATH"], "SOME_API_KEY": secret}, **as_worker)
     try:
         with Evaluator("cpu", bench=FAST) as ev:
             seen = ev.evaluate(spec, Candidate("cpu", SNOOP + "// with a decoy\n"))
+        if landlock.abi() >= 2:  # and with Landlock on, the same decoy of the same user is out of its reach
+            monkeypatch.setenv("FORGE_LANDLOCK", "1")
+            with Evaluator("cpu", bench=FAST) as ev:
+                fenced = ev.evaluate(spec, Candidate("cpu", SNOOP + "// with a decoy, under Landlock\n"))
+            assert fenced.status.passed, fenced.message
     finally:
         decoy.kill()
         decoy.wait()

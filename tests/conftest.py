@@ -1,6 +1,9 @@
 """Shared test helpers: paths, the `cuda` marker (skipped without an NVIDIA GPU), the review store."""
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,3 +66,13 @@ def lowerable(tasks, lower):
         except NotMine:
             pass
     return out
+
+
+@pytest.fixture
+def open_folder() -> Iterator[Path]:
+    """A folder any user can reach (/tmp, mode 0755): what keeps a worker of another user out of what is in it
+    is the files' permissions alone."""
+    folder = Path(tempfile.mkdtemp(prefix="forge-open-", dir="/tmp"))
+    os.chmod(folder, 0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -6,9 +6,6 @@ of its own (tests/test_sandbox.py), and the file it tries is one anyone may writ
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,22 +16,14 @@ from forge.evaluate.parent import Worker
 TAKEN_OVER = str(Path(__file__).resolve().parent / "taken_over_worker.py")
 
 
-@pytest.fixture
-def folder() -> Iterator[Path]:
-    """A folder any user can reach (/tmp, mode 0755)."""
-    made = Path(tempfile.mkdtemp(prefix="forge-landlock-", dir="/tmp"))
-    os.chmod(made, 0o755)
-    yield made
-    shutil.rmtree(made, ignore_errors=True)
-
-
 @pytest.mark.skipif(landlock.abi() < 2, reason="this kernel has no Landlock that forge uses (ABI 2)")
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def test_a_worker_writes_in_its_own_folder_only(device: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_writes_in_its_own_folder_only(device: str, open_folder: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Code in a worker's process (before any seccomp filter, which on CUDA lets such an open through) writes
     into a file anyone may write, then into its own folder: Landlock refuses the first, allows the second.
     The control, FORGE_LANDLOCK=0: both done."""
-    target = folder / "anyone-writes"
+    target = open_folder / "anyone-writes"
     for setting, refused in (("1", True), ("0", False)):
         target.write_bytes(b"before")
         os.chmod(target, 0o666)

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,12 +41,9 @@ def spec() -> TaskSpec:
 
 
 @pytest.fixture
-def cache() -> Iterator[Path]:
-    """A build cache any user can reach (/tmp, mode 0755): what keeps a worker out is its permissions alone."""
-    folder = Path(tempfile.mkdtemp(prefix="forge-cache-", dir="/tmp"))
-    os.chmod(folder, 0o755)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+def cache(open_folder: Path) -> Path:
+    """A build cache any user can reach: what keeps a worker out is its permissions alone."""
+    return open_folder
 
 
 def judged(spec: TaskSpec, name: str, cache: Path, unprivileged: bool) -> tuple[Status, int | None]:

@@ -37,9 +37,6 @@ from forge.evaluate.wire import Late, recv_within, signal_name
 from forge.kernel import EvalResult, Status
 
 log = logging.getLogger(__name__)
-# Landlock on CUDA workers unless FORGE_CUDA_LANDLOCK=0 (forge.evaluate.landlock; on an H100 at 8b3ca16 with
-# /dev/shm and /proc/self allowed: the sandbox, own-user and Triton tests 9 passed)
-_CUDA_LANDLOCK = "1"
 _ROOT = str(Path(__file__).resolve().parents[2])  # the checkout (forge/evaluate/parent.py)
 
 
@@ -92,7 +89,9 @@ class Worker:
         self._own_id: int | None = None  # a user id of its own it holds (privilege.fresh_id)
         self.drop, self.privileged = self._plan(sandbox if unprivileged is None else unprivileged)
         self.allowed: Writable | None = None  # what Landlock lets the running worker write (None: no Landlock)
-        self._landlock = not cuda or os.environ.get("FORGE_CUDA_LANDLOCK", _CUDA_LANDLOCK) != "0"
+        # Landlock (forge.evaluate.landlock) on CUDA workers too unless FORGE_CUDA_LANDLOCK=0 (on an H100 with
+        # /dev/shm and /proc/self allowed: the sandbox, own-user and Triton tests 9 passed)
+        self._landlock = not cuda or os.environ.get("FORGE_CUDA_LANDLOCK", "1") != "0"
         self._shares: socket.socket | None = None  # CUDA: where the arena's descriptors go to the running worker
         self._shared = 0  # the arena generation the running worker has been sent
         self._life = threading.Lock()  # `start` (from a judging slot's thread) against `close` (from any)
@@ -109,12 +108,6 @@ class Worker:
         os.chmod(self.lib, 0o755)
         found, self._own_id = drop_for(want, root, self.scratch, [_ROOT, str(self.scratch), str(self.lib)])
         return (None, found) if isinstance(found, str) else (found, "")
-
-    def _unclaim(self) -> None:
-        """Give back the user id of its own, if it holds one (privilege.release_id)."""
-        if self._own_id is not None:
-            release_id(self._own_id)
-            self._own_id = None
 
     @property
     def log_path(self) -> Path:
@@ -389,7 +382,9 @@ class Worker:
                 self.arena.close()
                 self._dir.cleanup()
             finally:
-                self._unclaim()
+                if self._own_id is not None:  # the user id of its own, given back (privilege.release_id)
+                    release_id(self._own_id)
+                    self._own_id = None
                 if python is not None:
                     python.close()
 

@@ -188,18 +188,20 @@ def _clear_shared_memory(uid: int) -> None:
             continue
 
 
+def process_uids(pid: int | str) -> tuple[int, int] | None:
+    """The real and effective user ids of a process, from /proc (Linux); None where they cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            line = next(x for x in f if x.startswith("Uid:"))
+        real, effective = line.split()[1:3]
+        return int(real), int(effective)
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def _running_uids() -> set[int]:
     """The real and effective user ids of every process this one sees."""
-    found: set[int] = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/status") as f:
-                    line = next(x for x in f if x.startswith("Uid:"))
-                found.update(int(u) for u in line.split()[1:3])
-            except (OSError, StopIteration, ValueError):
-                continue
-    return found
+    return {u for e in os.scandir("/proc") if e.name.isdigit() for u in process_uids(e.name) or ()}
 
 
 def _group_exists(gid: int) -> bool:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from forge.evaluate.landlock import Writable, restrict
-from forge.evaluate.privilege import Drop
+from forge.evaluate.privilege import Drop, process_uids
 from forge.evaluate.privilege import apply as give_up_root
 
 # What a worker or a compiler may see (issue 13: an allowlist, not a denylist): these names, and names with
@@ -125,10 +125,5 @@ def nondumpable() -> None:
 
 def process_uid(pid: int) -> int | None:
     """The real user id of a process, from /proc (Linux); None where it cannot be read."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Uid:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    ids = process_uids(pid)
+    return ids[0] if ids else None

@@ -10,12 +10,14 @@ compared with the dtype's tolerance for a model (forge.tolerance.model_tolerance
 model whose convolutions the user's settings let cuDNN run in TF32), relative to the magnitude of eager's
 output. When that fails, eager may be the inaccurate one (an output that is
 all rounding noise, such as a GroupNorm over one-element groups): both are then judged against the model
-run in float64, and forge matches if it is at most twice as far from it as eager is.
+run in float64, and forge matches if it is at most twice as far from it as eager is. Peak device memory: one
+forward's over eager's (peak_ratio).
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -140,3 +142,30 @@ def _double(x: Any) -> Any:
     if isinstance(x, (tuple, list)):
         return type(x)(_double(v) for v in x)
     return x
+
+
+def peak_ratio(fn: Callable[..., Any], model: torch.nn.Module, inputs: list[Any], base: int) -> float | None:
+    """Peak device memory (reserved by the caching allocator, so a CUDA graph's private pool counts) of one
+    forward of `fn` over eager's alone. `base`: what was reserved before `fn` was built, so eager's own
+    peak is the one measured now less what building `fn` added (folded weights, graph pools)."""
+    if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs):
+        return None
+    release()
+    held = torch.cuda.memory_reserved() - base  # what building fn keeps: graph pools, folded weights
+    peaks = []
+    with torch.no_grad():
+        for f in (model, fn):
+            release()  # what is cached but free is not a peak of this forward
+            torch.cuda.reset_peak_memory_stats()
+            f(*inputs)
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_reserved())
+    eager_alone = peaks[0] - held
+    return peaks[1] / eager_alone if eager_alone > 0 else None
+
+
+def release() -> None:
+    """Free what is unreferenced and give the allocator's free cache back, after the device is idle."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()

@@ -35,10 +35,11 @@ from forge.runtime.endtoend import interleaved_ms  # noqa: E402
 from forge.runtime.variants import Variant, choose, measure  # noqa: E402
 
 
-def baselines(loaded: Any, row: dict, freezing: bool) -> None:
-    """torch.compile in its default mode and with CUDA graphs, each against eager."""
+def baselines(loaded: Any, row: dict, freezing: bool, extra: list[str]) -> None:
+    """torch.compile in its default mode and with CUDA graphs (and any `extra` modes), each against eager."""
     model, inputs, device = loaded.model, loaded.inputs, loaded.device
-    modes = [("compile", None), ("compile_ro", "reduce-overhead")]
+    modes = [("compile", None), ("compile_ro", "reduce-overhead"),
+             *((f"compile_{m.replace('-', '_')}", m) for m in extra)]
     for key, mode in modes:
         start = time.monotonic()
         compiled = torch.compile(model, mode=mode)
@@ -72,6 +73,8 @@ def main() -> int:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--freezing", action="store_true", help="also torch.compile with Inductor's freezing")
+    p.add_argument("--modes", nargs="*", default=[], metavar="MODE",
+                   help="more torch.compile modes to time against eager (e.g. max-autotune)")
     for name in ("layers", "batch", "seq", "resolution"):
         p.add_argument(f"--{name}", type=int)
     p.add_argument("--variants", nargs="+", metavar="REWRITES@RUNTIME",
@@ -97,7 +100,7 @@ def main() -> int:
         try:
             loaded = load_zoo(name, args.device, args.dtype, **sizes)
             if args.compile:
-                baselines(loaded, row, args.freezing)
+                baselines(loaded, row, args.freezing, args.modes)
                 save()
             start = time.monotonic()
             cap = layout.capture_in(loaded.model, loaded.inputs, layout.requested(args.layout))
@@ -120,7 +123,8 @@ def main() -> int:
             x = f"{m['eager_ms'] / m['ms']:.2f}" if m["ms"] else "-"
             print(f"| {r['model']} | {r['dtype']} | {m['variant']['name']} | {m['eager_ms']:.3f} | {m['ms']:.3f} | "
                   f"{x} | {m['match']} | {peak} | {m['error'][:60]} |")
-        for k in ("compile", "compile_ro", "compile_ro_freezing"):
+        for k in ("compile", "compile_ro", "compile_ro_freezing", *(f"compile_{m.replace('-', '_')}"
+                                                                    for m in args.modes)):
             if f"{k}_ms" in r:
                 print(f"| {r['model']} | {r['dtype']} | torch.compile {k} | {r[k + '_eager_ms']:.3f} | "
                       f"{r[k + '_ms']:.3f} | {r[k + '_eager_ms'] / r[k + '_ms']:.2f} | - | - | |")

@@ -4,7 +4,11 @@ For every shape: cuDNN, flash, memory-efficient and the math fallback, each thro
 `torch.nn.attention.sdpa_kernel([backend])`, timed interleaved in one process with forge's clock (L2 flushed
 before each call, CUDA events, medians with p10-p90), outputs compared with the math backend in fp32. Tells
 whether the backend torch picks by default is the fastest one (what an attention-backend rewrite would
-choose end to end).
+choose end to end). Where the FlashAttention 4 package (`flash-attn-4`, CuTe DSL: `flash_attn.cute`) imports,
+its forward is a row too, called directly (it runs on compute capability 9.0 and 10.0; its first call compiles,
+and the seconds are recorded). The inputs are stored [batch, length, heads, width], as a model's projections
+leave them, and handed to torch's backends transposed (a view, as the models do) and to FlashAttention 4 as
+they are.
 
   python3 benchmarks/sdpa_backends.py --json out.json
 """
@@ -12,8 +16,11 @@ choose end to end).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from provenance import stamp  # benchmarks/, on sys.path as the script's folder
@@ -33,25 +40,41 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTEN
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
 
+def fa4() -> Any:
+    """FlashAttention 4's interface module, or None where the package is not installed."""
+    try:
+        return importlib.import_module("flash_attn.cute.interface")
+    except ImportError:
+        return None
+
+
 def one_shape(clock: Clock, shape: tuple, cfg: BenchConfig) -> dict:
     """Every backend that accepts this shape, timed in turn; its error against fp32 math."""
     name, b, h, lq, lk, d, causal = shape
-    q = torch.randn(b, h, lq, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(b, h, lk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    qs = torch.randn(b, lq, h, d, device="cuda", dtype=torch.bfloat16)
+    ks, vs = (torch.randn(b, lk, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q, k, v = (t.transpose(1, 2) for t in (qs, ks, vs))
     with sdpa_kernel([SDPBackend.MATH]):
         ref = sdpa(q.float(), k.float(), v.float(), is_causal=causal)
     fns, row = {}, {"shape": name, "dims": [b, h, lq, lk, d], "causal": causal, "backends": {}}
+    calls = {}
     for key, backend in BACKENDS.items():
         def call(backend: SDPBackend = backend) -> torch.Tensor:
             with sdpa_kernel([backend]):
                 return sdpa(q, k, v, is_causal=causal)
+        calls[key] = call
+    if (mod := fa4()) is not None:
+        calls["fa4"] = lambda: mod.flash_attn_func(qs, ks, vs, causal=causal)[0].transpose(1, 2)
+    for key, call in calls.items():
+        start = time.monotonic()
         try:
             out = call()
-        except RuntimeError as e:
-            row["backends"][key] = {"error": str(e).splitlines()[0][:200]}
+            torch.cuda.synchronize()
+        except (RuntimeError, AssertionError, ValueError) as e:
+            row["backends"][key] = {"error": str(e).splitlines()[0][:200] if str(e) else type(e).__name__}
             continue
         err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-        row["backends"][key] = {"max_rel_err": err}
+        row["backends"][key] = {"max_rel_err": err, "first_call_s": time.monotonic() - start}
         fns[key] = call
     timings = interleaved(clock, list(fns.values()), cfg)
     for key, t in zip(fns, timings, strict=True):
@@ -67,11 +90,12 @@ def main() -> None:
     clock = Clock("cuda")
     cfg = BenchConfig(warmup_s=0.2, budget_s=args.seconds, min_runs=10, max_runs=100)
     rows = [{**one_shape(clock, s, cfg), **stamp("cuda")} for s in SHAPES]
-    print("\n| shape | " + " | ".join(f"{k} us" for k in BACKENDS) + " |")
-    print("|---|" + "---|" * len(BACKENDS))
+    names = [*BACKENDS, *(["fa4"] if fa4() is not None else [])]
+    print("\n| shape | " + " | ".join(f"{k} us" for k in names) + " |")
+    print("|---|" + "---|" * len(names))
     for r in rows:
         cells = []
-        for k in BACKENDS:
+        for k in names:
             c = r["backends"].get(k, {})
             cells.append(f"{c['median_us']:.0f} ({c['p10_us']:.0f}-{c['p90_us']:.0f})" if "median_us" in c
                          else "refused")

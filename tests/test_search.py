@@ -282,3 +282,26 @@ def test_ctrl_c_in_one_probed_task_stops_the_others_after_their_batch(tmp_path):
     b = next(t for t in store.get_tasks(run.id) if t.key == "b")
     evaluated = [c for c in store.candidates(b.id) if c.parent_id is not None]
     assert len(evaluated) == 2  # its batch in flight finished and was stored; no other started (6 without the stop)
+
+
+class _Deadlines(Synthetic):
+    """Records the search deadline the run gives its policy (Policy.until)."""
+
+    def until(self, deadline: float) -> None:
+        self.deadline = deadline
+
+
+@pytest.mark.parametrize("autotunes", [False, True])
+def test_a_policy_whose_candidates_autotune_gets_time_kept_for_it(tmp_path, autotunes: bool) -> None:
+    from forge.search import tune
+
+    syn = _Deadlines({"headroom": (100.0, 10.0, 0.01)})
+    syn.autotunes = autotunes
+    store = Store(tmp_path / "f.db")
+    run = store.create_run("synthetic", device="cpu", policy="synthetic")
+    start = time.monotonic()
+    search([task("headroom", 1.0)], syn, syn, StoreRecorder(store, run.id),
+           Budget(candidates=4, per_task=4, min_per_task=2, parallel=2, seconds=100.0))
+    kept = tune.reserve(100.0) if autotunes else 0.0
+    assert kept == (25.0 if autotunes else 0.0)  # a quarter of the search's seconds
+    assert abs(syn.deadline - (start + 100.0 - kept)) < 1.0  # the search ends that much sooner

@@ -47,6 +47,9 @@ class Policy(ABC):
     its money is spent)."""
 
     name: str = ""
+    # Whether its candidates may be tuned by their backend's own autotuner (Helion's; forge.search.tune): the
+    # search then keeps time for that at the end of the tasks
+    autotunes: bool = False
 
     @abstractmethod
     def refusal(self, spec: TaskSpec) -> str | None:

@@ -20,6 +20,7 @@ class MixedPolicy(Policy):
         self.recipes = recipes
         self.llm = llm
         self.name = f"recipes+{llm.name}"
+        self.autotunes = recipes.autotunes
         self._seen: dict[tuple[str, Any], tuple[Candidate, EvalResult]] = {}
         self._seeded: set[tuple[str, Any]] = set()
 

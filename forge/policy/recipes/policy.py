@@ -78,6 +78,7 @@ class RecipePolicy(Policy):
         self.sms = sms or _sm_count(device)
         self.triton = triton and self.gpu and importlib.util.find_spec("triton") is not None
         self.helion = helion and self.gpu and importlib.util.find_spec("helion") is not None
+        self.autotunes = self.helion
         # what a run stores, and --resume rebuilds
         self.name = "+".join(["recipes"] + ["triton"] * self.triton + ["helion"] * self.helion)
         self._lowered: dict[str, _Lowered | NotMine] = {}

@@ -291,17 +291,34 @@ class _Deadlines(Synthetic):
         self.deadline = deadline
 
 
-@pytest.mark.parametrize("autotunes", [False, True])
-def test_a_policy_whose_candidates_autotune_gets_time_kept_for_it(tmp_path, autotunes: bool) -> None:
+@pytest.mark.parametrize(("autotunes", "seconds", "kept"), [
+    (False, 100.0, 0.0),
+    (True, 100.0, 25.0),  # a quarter of the search
+    (True, 56.0, 27.4),  # at least what leaves the first task's autotune 15 s: 2 x 15 + 3 less the re-timing's 5.6
+    (True, 40.0, 0.0),  # that would be more than half of the search: nothing kept, no autotune
+])
+def test_a_policy_whose_candidates_autotune_gets_time_kept_for_it(tmp_path, monkeypatch, autotunes: bool,
+                                                                  seconds: float, kept: float) -> None:
     from forge.search import tune
 
+    ends: list[float | None] = []
+    monkeypatch.setattr(tune, "autotune", lambda s, ev, until: ends.append(until))
     syn = _Deadlines({"headroom": (100.0, 10.0, 0.01)})
     syn.autotunes = autotunes
     store = Store(tmp_path / "f.db")
     run = store.create_run("synthetic", device="cpu", policy="synthetic")
     start = time.monotonic()
     search([task("headroom", 1.0)], syn, syn, StoreRecorder(store, run.id),
-           Budget(candidates=4, per_task=4, min_per_task=2, parallel=2, seconds=100.0))
-    kept = tune.reserve(100.0) if autotunes else 0.0
-    assert kept == (25.0 if autotunes else 0.0)  # a quarter of the search's seconds
-    assert abs(syn.deadline - (start + 100.0 - kept)) < 1.0  # the search ends that much sooner
+           Budget(candidates=4, per_task=4, min_per_task=2, parallel=2, seconds=seconds))
+    assert abs(syn.deadline - (start + seconds - kept)) < 1.0  # the search ends that much sooner
+    assert len(ends) == 1 and ends[0] is not None  # the tasks' end still has the re-timing's share after it
+    assert abs(ends[0] - (start + seconds + 0.1 * seconds)) < 1.0
+    assert tune.plan(ends[0] - syn.deadline) is not None or not kept  # kept time is enough for an autotune
+
+
+def test_no_time_is_kept_when_the_autotune_is_off(monkeypatch) -> None:
+    from forge.search import tune
+
+    assert tune.reserve(100.0, 10.0) == 25.0
+    monkeypatch.setenv("FORGE_HELION_AUTOTUNE", "0")
+    assert tune.reserve(100.0, 10.0) == 0.0

@@ -333,7 +333,8 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
         if resume:
             s.restore()
         states.append(s)
-    kept = tune.reserve(budget.seconds) if policy.autotunes else 0.0  # for the autotune at the tasks' end
+    after = max(2.0, 0.1 * budget.seconds)  # the re-timing's share, past the search's deadline
+    kept = tune.reserve(budget.seconds, after) if policy.autotunes else 0.0  # for the autotune at the tasks' end
     deadline = time.monotonic() + budget.seconds - searched_before(states, recorder) - kept
     policy.until(deadline)  # an LLM policy's requests end by then
     shown = progress or Progress()
@@ -350,7 +351,7 @@ def search(tasks: list[Task], policy: Policy, ev: Evaluator, recorder: Recorder,
     shown.stage("search")
     deep = replace(budget, parallel=max(budget.parallel, ev.parallel))  # one task at a time: a batch fills every worker
     deepen([s for s in states if s.stop is None], states, left, ev, deadline, deep)
-    until = deadline + kept + max(2.0, 0.1 * budget.seconds)  # the autotune's and the re-timing's share
+    until = deadline + kept + after  # the autotune's and the re-timing's share
     for s in states:
         out[s.task.key] = s.finish(ev, "run budget spent", until)
     return [out[t.key] for t in ranked]

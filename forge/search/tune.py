@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 MIN_S = 15.0  # seconds: below this a quick search finds little past the config the tree found
 MAX_S = 120  # seconds a kernel at most
 FULL_FROM_S = 900.0  # time left from which the effort is "full"
+MARGIN_S = 3.0  # seconds a reserve adds for what the tasks' end does before the autotune starts
 
 
 def plan(left_s: float | None, kernels: int = 1) -> tuple[str, int] | None:
@@ -45,12 +46,17 @@ def plan(left_s: float | None, kernels: int = 1) -> tuple[str, int] | None:
     return ("full" if left_s is None or left_s >= FULL_FROM_S else "quick"), int(seconds)
 
 
-def reserve(search_s: float) -> float:
-    """Seconds of a search of `search_s` kept for the autotune at the end of its tasks when the policy's
-    candidates autotune (Policy.autotunes): a quarter, at most MAX_S. Without it the autotune had only what the
-    re-timing leaves past the search's deadline, a tenth of the search: a `--seconds 120` run on an H100 left it
-    under 10 s, below MIN_S, and no task was tuned (53a1df0)."""
-    return min(float(MAX_S), 0.25 * search_s)
+def reserve(search_s: float, after_s: float) -> float:
+    """Seconds of a search of `search_s` kept for the autotune at the end of its tasks, when the policy's
+    candidates autotune (Policy.autotunes); `after_s`: what the tasks' end has past the search's deadline anyway
+    (the re-timing's share). A quarter of the search, and at least what gives the first task's autotune MIN_S
+    (`plan` takes half the time left; MARGIN_S for the task's end itself), at most MAX_S; none when that would
+    be more than half the search, or the autotune is off. Without it the autotune had only `after_s`: a
+    `--seconds 120` run on an H100 left it under 10 s, and no task was tuned (53a1df0)."""
+    if plan(None) is None:
+        return 0.0
+    kept = min(float(MAX_S), max(0.25 * search_s, 2 * MIN_S + MARGIN_S - after_s))
+    return kept if kept <= 0.5 * search_s else 0.0
 
 
 def payload(tuned_node: int, effort: str) -> dict[str, Any]:

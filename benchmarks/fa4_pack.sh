@@ -15,8 +15,8 @@ python3 -m pip download -q --pre --no-deps --only-binary=:all: --python-version 
   --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d "$tmp" "flash-attn-4==$FA4" "nvidia-cutlass-dsl==$DSL" \
   "nvidia-cutlass-dsl-libs-base==$DSL" "nvidia-cutlass-dsl-libs-core==$DSL" \
-  "nvidia-cutlass-dsl-libs-cu13==$DSL" "apache-tvm-ffi>=0.1.11,<0.2" \
-  torch-c-dlpack-ext "quack-kernels>=0.5.3"
+  "nvidia-cutlass-dsl-libs-cu13==$DSL" apache-tvm-ffi==0.1.15.post2 \
+  torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5
 libs=$(ls "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl)
 mv $(ls "$tmp"/*.whl | grep -v nvidia_cutlass_dsl_libs_cu13) .fa4b/
 mkdir "$tmp/cu13" && (cd "$tmp/cu13" && unzip -q "$libs")

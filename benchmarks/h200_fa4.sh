@@ -8,12 +8,13 @@
 # The wheels are unzipped, not installed with pip --target: three of them fill one top-level folder
 # (nvidia_cutlass_dsl/), and pip --target keeps only the first wheel's.
 # Writes $OUT/sdpa.json and $OUT/sdpa.log.
-set -u
+set -u -o pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 SITE=${FA4_SITE:-/tmp/fa4site}; STAGE=${FA4_STAGE:-/tmp/fa4stage}
 case "${1:-run}" in
   stage)
-    mkdir -p "$STAGE" && cp .fa4a/ir.path "$STAGE/" && xz -dc .fa4a/ir.so.xz >"$STAGE/ir.so" &&
+    mkdir -p "$STAGE" && cp .fa4a/ir.path "$STAGE/" && xz -dc .fa4a/ir.so.xz >"$STAGE/ir.so.part" &&
+      mv "$STAGE/ir.so.part" "$STAGE/ir.so" &&
       echo "staged $(du -sh "$STAGE" | cut -f1)"
     exit ;;
   run) ;;

@@ -9,7 +9,6 @@
 # (nvidia_cutlass_dsl/), and pip --target keeps only the first wheel's.
 # Writes $OUT/sdpa.json and $OUT/sdpa.log.
 set -u -o pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
 SITE=${FA4_SITE:-/tmp/fa4site}; STAGE=${FA4_STAGE:-/tmp/fa4stage}
 case "${1:-run}" in
   stage)
@@ -24,7 +23,7 @@ esac
 rm -rf "$SITE" && mkdir -p "$SITE"
 for w in .fa4b/*.whl .fa4b/cu13-rest.zip; do unzip -q -o "$w" -d "$SITE" || exit 1; done
 xz -dc .fa4b/rt.so.xz >"$SITE/$(cat .fa4b/rt.path)" && cp "$STAGE/ir.so" "$SITE/$(cat "$STAGE/ir.path")" || exit 1
-export PYTHONPATH=$PWD/benchmarks:$PWD:$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c 'import torch, flash_attn.cute.interface as f; print(torch.__version__, f.__file__)'; } 2>&1 | tee "$OUT/env.txt"
+export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages  # the .pth file pip would have read
+. "$(dirname "$0")/h200_setup.sh"  # $OUT, the checkout on PYTHONPATH, the machine in $OUT/env.txt
+python3 -c 'import flash_attn.cute.interface as f; print("flash_attn.cute from", f.__file__)' 2>&1 | tee -a "$OUT/env.txt"
 timeout "${LIMIT:-400}" python3 benchmarks/sdpa_backends.py --json "$OUT/sdpa.json" 2>&1 | tee "$OUT/sdpa.log" | tail -n 12

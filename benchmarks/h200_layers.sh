@@ -13,12 +13,7 @@
 set -u
 . "$(dirname "$0")/h200_setup.sh"
 export FORGE_CACHE=$(mktemp -d)
-python3 -c "from forge.evaluate import landlock
-from forge.evaluate.parent import Worker
-print('landlock abi', landlock.abi())
-with Worker('cuda') as w:
-    w.start(); print('worker uid', w.uid, 'own_network', w.own_network, 'confined', w.confined,
-                     'unconfined:', repr(w.unconfined), 'kept root:', repr(w.privileged))" 2>&1 | tail -n 3
+python3 benchmarks/worker_state.py 2>&1 | tail -n 2
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout "${TESTS_LIMIT:-240}" python3 -u -m pytest -v -m cuda tests/test_corpus.py tests/test_sandbox.py \
     -p no:cacheprovider >"$OUT/corpus-cuda.log" 2>&1

@@ -10,10 +10,7 @@ set -u
 . "$(dirname "$0")/h200_setup.sh"
 export FORGE_CACHE=$(mktemp -d)
 on() { FORGE_CUDA_SANDBOX=1 FORGE_CUDA_SECCOMP=${SECCOMP:-1} "$@"; }
-on python3 -c "from forge.evaluate.parent import Worker
-with Worker('cuda') as w:
-    w.start(); print('worker uid', w.uid, 'own_network', w.own_network, 'confined', w.confined,
-                     'unconfined:', repr(w.unconfined), 'kept root:', repr(w.privileged))" 2>&1 | tail -n 3
+on python3 benchmarks/worker_state.py 2>&1 | tail -n 2
 on timeout "${TESTS_LIMIT:-300}" python3 -u -m pytest -v -m cuda tests/test_corpus.py -k "test_cuda_corpus or (namespace and not triton) or hands_python or gives_it_up" \
   -p no:cacheprovider >"$OUT/sandbox-cuda.log" 2>&1
 echo "cuda corpus, sandbox and seccomp: exit $?"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/sandbox-cuda.log" | tail -n 20

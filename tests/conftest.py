@@ -12,6 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODELS = Path(__file__).resolve().parent / "models"
+TAKEN_OVER = str(Path(__file__).resolve().parent / "taken_over_worker.py")  # a worker's program a candidate took over
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TAKEN_OVER
 
 from forge.capture.export import capture
 from forge.evaluate.evaluator import Evaluator
@@ -18,7 +19,6 @@ from forge.kernel import Candidate, Status, TaskSpec
 from forge.tasks.cut import build_tasks
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "cpu"
-TAKEN_OVER = str(Path(__file__).resolve().parent / "taken_over_worker.py")
 
 # Right (SiLU within float32's tolerance) and slow: 64 exponentials an element, so that its time is far
 # above the judge's slack and a clock that claims 20x less cannot hide in the noise.

@@ -9,11 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import TAKEN_OVER
 
 from forge.evaluate import landlock
 from forge.evaluate.parent import Worker
-
-TAKEN_OVER = str(Path(__file__).resolve().parent / "taken_over_worker.py")
 
 
 @pytest.mark.skipif(landlock.abi() < 2, reason="this kernel has no Landlock that forge uses (ABI 2)")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TAKEN_OVER
 
 from forge.capture.export import capture
 from forge.evaluate.build import build
@@ -27,7 +28,6 @@ from forge.kernel import Candidate, Status, TaskSpec
 from forge.tasks.cut import build_tasks
 
 CORPUS = Path(__file__).resolve().parent / "corpus" / "cpu"
-TAKEN_OVER = str(Path(__file__).resolve().parent / "taken_over_worker.py")
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
                                 reason="a worker gives up root only when forge runs as root (Linux)")

@@ -35,10 +35,15 @@ FULL_FROM_S = 900.0  # time left from which the effort is "full"
 MARGIN_S = 3.0  # seconds a reserve adds for what the tasks' end does before the autotune starts
 
 
+def enabled() -> bool:
+    """Whether forge runs Helion's autotuner at all (FORGE_HELION_AUTOTUNE=0 turns it off)."""
+    return os.environ.get("FORGE_HELION_AUTOTUNE", "1") != "0"
+
+
 def plan(left_s: float | None, kernels: int = 1) -> tuple[str, int] | None:
     """(effort, seconds a kernel) for the time the run has left (None: no limit) and the candidate's number of
     kernels (tuned one after another: half the time left in all), or None: no autotune."""
-    if os.environ.get("FORGE_HELION_AUTOTUNE", "1") == "0":
+    if not enabled():
         return None
     seconds = MAX_S if left_s is None else min(MAX_S, left_s / (2 * max(kernels, 1)))
     if seconds < MIN_S:
@@ -53,7 +58,7 @@ def reserve(search_s: float, after_s: float) -> float:
     (`plan` takes half the time left; MARGIN_S for the task's end itself), at most MAX_S; none when that would
     be more than half the search, or the autotune is off. Without it the autotune had only `after_s`: a
     `--seconds 120` run on an H100 left it under 10 s, and no task was tuned (53a1df0)."""
-    if plan(None) is None:
+    if not enabled():
         return 0.0
     kept = min(float(MAX_S), max(0.25 * search_s, 2 * MIN_S + MARGIN_S - after_s))
     return kept if kept <= 0.5 * search_s else 0.0

@@ -117,14 +117,20 @@ def test_killing_a_ray_actor_mid_run_loses_no_evaluated_candidate(ray_cluster, t
     with RayEvaluator(None, "cpu", workers=2, bench=None, seed=0, cache_dir=tmp_path / "cache") as ev:
 
         def killer() -> None:  # SIGKILL an actor while it judges: until one kill has hit a candidate in flight
+            pids = ev.pids()  # asked while the actors are idle: an actor answers one call at a time
             while not done.is_set() and ev.slots.lost == 0 and len(kills) < 4:
-                time.sleep(0.3 + 0.4 * len(kills))
-                pid = ev.pids()[0]
-                os.kill(pid, signal.SIGKILL)
-                kills.append(pid)
+                busy = ev.slots.busy()
+                if not busy:
+                    time.sleep(0.02)
+                    continue
+                time.sleep(0.05)  # its judge call is on its way
+                os.kill(pids[busy[0]], signal.SIGKILL)
+                kills.append(pids[busy[0]])
                 deadline = time.monotonic() + 20
                 while not done.is_set() and ev.slots.lost == 0 and time.monotonic() < deadline:
                     time.sleep(0.1)
+                if ev.slots.lost == 0 and not done.is_set():
+                    pids = ev.pids()  # the kill missed: Ray started that actor again, with a new pid
 
         t = threading.Thread(target=killer)
         t.start()

@@ -51,6 +51,11 @@ class Slots(Generic[S]):
     def __len__(self) -> int:
         return len(self.all)
 
+    def busy(self) -> list[S]:
+        """The slots judging now (taken by a job), as far as a look at the free ones can tell."""
+        free = list(self._free.queue)
+        return [s for s in self.all if s not in free]
+
     def submit(self, job: Callable[[S], R], ready: Callable[[], object] | None = None) -> cf.Future[R]:
         """Run `job` on a free slot (waiting for one) once `ready()` has returned (a build: no slot idles while
         it waits for one); the future holds what the job returns."""

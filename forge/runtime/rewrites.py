@@ -13,6 +13,7 @@ with outputs matching. The rewrites (REWRITES is the one table of them):
   become one matmul on the concatenated weights, sliced afterwards.
 - `gelu-epilogue`, `attention-gemm`: see forge.runtime.rewrite_gemm (GELU in cuBLASLt's epilogue; attention with
   wide heads as two GEMMs around a softmax).
+- `fa4-attention` (CUDA, where FlashAttention 4 is installed): see forge.runtime.rewrite_fa4.
 - `cudnn-epilogue` (CUDA): convolution (+ bias) + ReLU, and convolution + residual add + ReLU, become
   cuDNN's fused `cudnn_convolution_relu` / `cudnn_convolution_add_relu` (the epilogue runs inside the
   convolution: the pass over its output is gone).
@@ -31,6 +32,7 @@ import torch
 import torch.fx
 
 from forge.runtime.rewrite_base import Graph, Rewrite, is_op, only_user, outputs_row_major, row_major, same_meta
+from forge.runtime.rewrite_fa4 import Fa4Attention
 from forge.runtime.rewrite_gemm import AttentionGemm, GeluEpilogue
 
 log = logging.getLogger(__name__)
@@ -221,7 +223,8 @@ class CudnnEpilogue(Rewrite):
 
 
 REWRITES: dict[str, Rewrite] = {r.name: r for r in (FoldBatchNorm(), MergeLinears(), GeluEpilogue(),
-                                                     AttentionGemm(), CudnnEpilogue(), ChannelsLast())}
+                                                     AttentionGemm(), Fa4Attention(), CudnnEpilogue(),
+                                                     ChannelsLast())}
 
 
 def parse(names: list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -243,6 +246,8 @@ def rewrite(gm: torch.fx.GraphModule, template: list[Any], user_slots: list[int]
             done[name] = r.apply(g)
             g.graph.eliminate_dead_code()
             log.info("rewrite %s: %d sites", name, done[name])
+        else:  # a result loaded where its rewrite cannot run (fa4-attention without FlashAttention 4)
+            log.warning("rewrite %s does not apply on %s here: left out (outputs stay, its speed goes)", name, device)
     g.finish()
     return done
 

@@ -1,0 +1,139 @@
+"""`fa4-attention` (CUDA, Hopper and Blackwell): scaled dot-product attention through FlashAttention 4.
+
+FlashAttention 4 (the `flash-attn-4` package, kernels written in CuTe DSL: `flash_attn.cute`) is offered
+where it imports and the GPU is a Hopper (sm_90) or Blackwell (sm_100) one; `pip install
+'forge-kernels[fa4]'`. Like every rewrite it is kept only when the whole forward gets faster with outputs
+matching (forge.runtime.variants): on the SD3.5 MMDiT, cuDNN's attention is already about 416 TFLOP/s on the
+H200, and which is faster is a measurement, not an assumption.
+
+Sites: attention without a mask or dropout, 4-d (batch, heads, tokens, head width), in float16 or bfloat16,
+with equal query and value head widths that FlashAttention takes on both architectures (a multiple of 8 up
+to 128, or 256); causal only where queries and keys are as many (SDPA's causal mask is the top-left
+triangle, FlashAttention's the bottom-right one: they differ otherwise); grouped-query attention where the
+query heads are a multiple of the key/value heads. The inputs go to FlashAttention as (batch, tokens, heads,
+width) views of SDPA's (batch, heads, tokens, width) ones, so that the usual layout (heads split off a
+linear's output, then transposed) crosses without a copy; the output comes back as the same kind of view,
+which the usual transpose-and-merge of the heads after attention reads as a contiguous tensor.
+
+The op is a torch custom op (`forge::fa4_attention`) with a fake implementation, so that the graph runs
+under torch.compile (opaque to Inductor) and inside CUDA graphs (FlashAttention compiles its kernel on the
+first call, in the warm-up before a capture).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import math
+from types import ModuleType
+
+import torch
+import torch.fx
+
+from forge.runtime.rewrite_base import Graph, Rewrite, is_op, outputs_row_major
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+ARCHS = (9, 10)  # compute capability majors: Hopper, Blackwell (data centre)
+
+
+@functools.cache
+def fa4() -> ModuleType | None:
+    """FlashAttention 4's interface, or None where it does not import."""
+    try:
+        return importlib.import_module("flash_attn.cute.interface")
+    except Exception as e:  # noqa: BLE001 - CuTe DSL or a missing library may raise anything on import
+        log.debug("FlashAttention 4 does not import: %s: %s", type(e).__name__, e)
+        return None
+
+
+def available(device: str) -> bool:
+    """Whether FlashAttention 4 imports and `device` is a GPU it runs on."""
+    if not device.startswith("cuda") or not torch.cuda.is_available() or fa4() is None:
+        return False
+    return torch.cuda.get_device_capability(torch.device(device))[0] in ARCHS
+
+
+def width_fits(d: int) -> bool:
+    """Head widths FlashAttention 4 takes on Hopper and Blackwell alike."""
+    return d % 8 == 0 and (8 <= d <= 128 or d == 256)
+
+
+@torch.library.custom_op("forge::fa4_attention", mutates_args=())
+def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    """softmax(q k^T * scale) v of (batch, heads, tokens, width) tensors by FlashAttention 4; the result is a
+    (batch, heads, tokens, width) view of a (batch, tokens, heads, width) tensor."""
+    mod = fa4()
+    if mod is None:
+        raise RuntimeError("fa4-attention needs FlashAttention 4: pip install 'forge-kernels[fa4]'")
+    out = mod.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
+                              causal=causal)
+    return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+
+
+@fa4_attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    return out_like(q, v)
+
+
+def out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """An empty result of fa4_attention for these inputs, in its layout."""
+    b, h, n, _ = q.shape
+    return q.new_empty(b, n, h, v.shape[-1]).transpose(1, 2)
+
+
+class Fa4Attention(Rewrite):
+    """Unmasked attention of the widths and dtypes FlashAttention 4 takes -> forge::fa4_attention."""
+
+    name = "fa4-attention"
+    devices = ("cuda",)
+
+    def applies_to(self, device: str) -> bool:
+        return super().applies_to(device) and available(device)
+
+    def apply(self, g: Graph) -> int:
+        sites = 0
+        for sdpa in list(g.graph.nodes):
+            if not is_op(sdpa, aten.scaled_dot_product_attention.default):
+                continue
+            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+            call = dict(zip(names, sdpa.args, strict=False)) | dict(sdpa.kwargs)
+            if not site(call):
+                continue
+            q = call["query"].meta["val"]
+            scale = call.get("scale")
+            scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+            new = g.call(torch.ops.forge.fa4_attention.default,
+                         (call["query"], call["key"], call["value"], scale, bool(call.get("is_causal"))), sdpa,
+                         like=sdpa)
+            if isinstance(q, torch._subclasses.FakeTensor):  # the value's layout is the op's, not SDPA's
+                new.meta["val"] = out_like(q, call["value"].meta["val"])
+            sdpa.replace_all_uses_with(new)
+            g.graph.erase_node(sdpa)  # tagged nondeterministic (dropout): dead-code elimination keeps it
+            sites += 1
+        if sites:  # a graph output stays row-major, as eager's
+            outputs_row_major(g)
+        return sites
+
+
+def site(call: dict[str, object]) -> bool:
+    """Whether an SDPA call (its arguments by name) is one FlashAttention 4 computes alike."""
+    vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in
+            (call.get("query"), call.get("key"), call.get("value"))]
+    if not all(isinstance(t, torch.Tensor) for t in vals):
+        return False
+    q, k, v = vals
+    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    if call.get("attn_mask") is not None or call.get("dropout_p", 0.0) or q.dim() != 4 or k.dim() != 4 or \
+            v.dim() != 4 or q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
+        return False
+    if not width_fits(q.shape[-1]) or v.shape[-1] != q.shape[-1] or k.shape[-1] != q.shape[-1]:
+        return False
+    if q.shape[0] != k.shape[0] or k.shape[:3] != v.shape[:3]:
+        return False
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads != kv_heads and not (call.get("enable_gqa") and heads % kv_heads == 0):
+        return False
+    return not (call.get("is_causal") and q.shape[2] != k.shape[2])

@@ -1,0 +1,180 @@
+"""fa4-attention: which attention calls it takes, how it wires them, and (CUDA, FlashAttention 4 installed) that
+the rewritten graph matches SDPA on the GPU, also replayed as a CUDA graph and compiled.
+
+On the CPU FlashAttention 4 cannot run: the wiring tests put a stand-in behind forge::fa4_attention that holds
+FlashAttention's contract ((batch, tokens, heads, width) inputs with a contiguous last dimension, the result in
+that layout) and computes with SDPA; the real library runs in the CUDA test."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import forge.runtime.rewrite_fa4 as rf
+from forge.runtime.dispatch import apply
+from forge.runtime.rewrite_base import Graph
+from forge.runtime.rewrites import REWRITES
+
+aten = torch.ops.aten
+F = torch.nn.functional
+FA4 = torch.ops.forge.fa4_attention.default
+
+
+class Heads(nn.Module):
+    """Attention as diffusers and transformers write it: heads split off (batch, tokens, width) and transposed,
+    attention, then the heads merged back."""
+
+    def __init__(self, heads: int, kv_heads: int | None = None, **kw) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.kw = heads, kv_heads or heads, kw
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, n, _ = q.shape
+
+        def split(t: torch.Tensor, h: int) -> torch.Tensor:
+            return t.view(b, t.shape[1], h, -1).transpose(1, 2)
+
+        o = F.scaled_dot_product_attention(split(q, self.heads), split(k, self.kv_heads), split(v, self.kv_heads),
+                                           **self.kw)
+        return o.transpose(1, 2).reshape(b, n, -1) + 1
+
+
+class Joint(nn.Module):
+    """MMDiT's joint attention: image and text tokens concatenated along the tokens (contiguous heads-first)."""
+
+    def forward(self, q, k, v, cq, ck, cv):
+        o = F.scaled_dot_product_attention(*(torch.cat([a, c], 2) for a, c in ((q, cq), (k, ck), (v, cv))))
+        return o.transpose(1, 2).flatten(2)
+
+
+def _tokens(b, n, width, dtype=torch.bfloat16, device="cpu"):
+    return torch.randn(b, n, width, dtype=dtype, device=device)
+
+
+def _rewritten(model, inputs):
+    opt = apply(model, inputs, [])
+    sites = rf.Fa4Attention().apply(Graph(opt.gm, opt._template, opt._user_slots))
+    opt.gm.graph.eliminate_dead_code()
+    opt.gm.recompile()
+    return opt, sites, [n.target for n in opt.gm.graph.nodes if n.op == "call_function"]
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """FlashAttention 4's flash_attn_func computed by SDPA, checking the layout FlashAttention is given."""
+    seen = []
+
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False):
+        assert all(t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v))
+        seen.append((q.shape, k.shape, softmax_scale, causal, q.is_contiguous()))
+        gqa = q.shape[2] != k.shape[2]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           scale=softmax_scale, is_causal=causal, enable_gqa=gqa)
+        return o.transpose(1, 2).contiguous(), None
+
+    monkeypatch.setattr(rf, "fa4", lambda: SimpleNamespace(flash_attn_func=flash_attn_func))
+    return seen
+
+
+@pytest.mark.parametrize("case", ["plain", "scaled", "causal", "gqa", "width128"])
+def test_fa4_attention_wires_attention_as_sdpa_computes_it(stand_in, case):
+    torch.manual_seed(0)
+    model, inputs = {
+        "plain": (Heads(3), [_tokens(2, 37, 3 * 64)] * 3),
+        "scaled": (Heads(2, scale=0.3), [_tokens(1, 19, 128), _tokens(1, 23, 128), _tokens(1, 23, 128)]),
+        "causal": (Heads(2, is_causal=True), [_tokens(2, 21, 64)] * 3),
+        "gqa": (Heads(4, 2, enable_gqa=True), [_tokens(1, 17, 4 * 32), _tokens(1, 17, 64), _tokens(1, 17, 64)]),
+        "width128": (Heads(1), [_tokens(1, 9, 128)] * 3),
+    }[case]
+    inputs = [t.clone() for t in inputs]
+    opt, sites, targets = _rewritten(model, inputs)
+    assert sites == 1 and FA4 in targets and aten.scaled_dot_product_attention.default not in targets
+    with torch.no_grad():
+        torch.testing.assert_close(opt(*inputs), model(*inputs), rtol=2e-2, atol=2e-2)
+    (q_shape, k_shape, scale, causal, _), = stand_in[-1:]
+    width = q_shape[-1]
+    assert scale == pytest.approx(0.3 if case == "scaled" else 1 / math.sqrt(width)) and causal == (case == "causal")
+    assert q_shape[1] == inputs[0].shape[1]  # tokens second: FlashAttention's layout
+
+
+def test_fa4_attention_hands_joint_attention_over_without_a_copy(stand_in):
+    q, k, v, cq, ck, cv = (torch.randn(2, 3, n, 64, dtype=torch.bfloat16) for n in (16, 16, 16, 5, 5, 5))
+    model = Joint()
+    opt, sites, _ = _rewritten(model, [q, k, v, cq, ck, cv])
+    assert sites == 1
+    with torch.no_grad():
+        out = opt(q, k, v, cq, ck, cv)
+        torch.testing.assert_close(out, model(q, k, v, cq, ck, cv), rtol=2e-2, atol=2e-2)
+    assert out.is_contiguous()  # the graph's output stays row-major, as eager's
+    assert stand_in[-1][0] == (2, 21, 3, 64) and not stand_in[-1][4]  # a transposed view, not a copy
+
+
+class Sdpa(nn.Module):
+    def __init__(self, **kw) -> None:
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, **self.kw)
+
+
+@pytest.mark.parametrize("case, width, dtype, n_kv, kw", [
+    ("float32", 64, torch.float32, 9, {}),
+    ("wide", 160, torch.bfloat16, 9, {}),
+    ("odd_width", 60, torch.bfloat16, 9, {}),
+    ("causal_rect", 64, torch.bfloat16, 11, {"is_causal": True}),  # top-left and bottom-right triangles differ
+    ("mask", 64, torch.bfloat16, 9, {"attn_mask": torch.ones(9, 9, dtype=torch.bool)}),
+    ("dropout", 64, torch.bfloat16, 9, {"dropout_p": 0.5}),
+    ("3d", 64, torch.bfloat16, 9, {}),
+])
+def test_fa4_attention_leaves_what_flash_attention_computes_otherwise(case, width, dtype, n_kv, kw):
+    lead = (2,) if case == "3d" else (1, 2)
+    inputs = [torch.randn(*lead, 9, width, dtype=dtype), *(torch.randn(*lead, n_kv, width, dtype=dtype)
+                                                           for _ in range(2))]
+    _, sites, targets = _rewritten(Sdpa(**kw), inputs)
+    assert sites == 0 and FA4 not in targets and aten.scaled_dot_product_attention.default in targets
+
+
+def test_fa4_attention_is_offered_only_where_flash_attention_runs(monkeypatch):
+    r = REWRITES["fa4-attention"]
+    assert not r.applies_to("cpu")
+    monkeypatch.setattr(rf, "fa4", lambda: None)
+    assert not r.applies_to("cuda")
+
+
+def test_fa4_attention_fake_gives_the_layout_of_the_op():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k, v = (torch.empty(2, 24, 4429, 64, dtype=torch.bfloat16) for _ in range(3))
+        out = FA4(q, k, v, 0.125, False)
+    assert out.shape == (2, 24, 4429, 64) and out.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.cuda
+def test_fa4_attention_matches_sdpa_on_the_gpu_replayed_and_compiled():
+    if not rf.available("cuda"):
+        pytest.skip("FlashAttention 4 is not installed, or this GPU is neither Hopper nor Blackwell")
+    torch.manual_seed(4)
+    q, k, v, cq, ck, cv = (torch.randn(2, 24, n, 64, dtype=torch.bfloat16, device="cuda")
+                           for n in (1024, 1024, 1024, 77, 77, 77))
+    model, inputs = Joint(), [q, k, v, cq, ck, cv]
+    opt, sites, _ = _rewritten(model, inputs)
+    assert sites == 1
+    with torch.no_grad():
+        want = model(*inputs)
+        torch.testing.assert_close(opt(*inputs), want, rtol=2e-2, atol=2e-2)
+        replay = apply(model, inputs, [], cuda_graph=True)
+        rf.Fa4Attention().apply(Graph(replay.gm, replay._template, replay._user_slots))
+        replay.gm.recompile()
+        for _ in range(3):
+            torch.testing.assert_close(replay(*inputs), want, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(torch.compile(opt)(*inputs), want, rtol=2e-2, atol=2e-2)
+    causal = Heads(8, 2, is_causal=True, enable_gqa=True)
+    inputs = [_tokens(1, 300, 8 * 128, device="cuda"), *(_tokens(1, 300, 2 * 128, device="cuda") for _ in range(2))]
+    opt, sites, _ = _rewritten(causal, inputs)
+    assert sites == 1
+    with torch.no_grad():
+        torch.testing.assert_close(opt(*inputs), causal(*inputs), rtol=2e-2, atol=2e-2)

@@ -4,8 +4,9 @@
 # benchmarks/fa4_pack.sh made .fa4a and .fa4b here; a call carries at most 64 MiB, so the calls go back to back
 # (the machine is given back 30 s after a call, and /tmp goes with it):
 #   1. bash benchmarks/h200_fa4.sh stage        carry [".fa4a"]: the compiler library into /tmp/fa4stage
-#   2. bash benchmarks/h200_fa4.sh sdpa         carry [".fa4b"]: the rest unpacked into /tmp/fa4site, then
-#                                               benchmarks/sdpa_backends.py ($OUT/sdpa.json, sdpa.log)
+#   2. bash benchmarks/h200_fa4.sh sdpa         carry [".fa4b", ".whl"]: the rest unpacked into /tmp/fa4site, then
+#                                               benchmarks/sdpa_backends.py ($OUT/sdpa.json, sdpa.log) and the
+#                                               CUDA tests of fa4-attention ($OUT/fa4-tests.log)
 #   3. bash benchmarks/h200_fa4.sh models JOB.. carry [".whl"]: benchmarks/h200_models.sh JOB... with FlashAttention 4
 #                                               importable, so that forge optimize also tries fa4-attention
 #                                               (e.g. sd35-mmdit:bf16; LIMIT as h200_models.sh's)
@@ -41,3 +42,5 @@ python3 -c 'import flash_attn.cute.interface as f; print("flash_attn.cute from",
 python3 -c 'import forge.runtime.rewrite_fa4 as r; print("fa4-attention offered:", r.available("cuda"))' 2>&1 |
   tee -a "$OUT/env.txt"
 timeout "${LIMIT:-400}" python3 benchmarks/sdpa_backends.py --json "$OUT/sdpa.json" 2>&1 | tee "$OUT/sdpa.log" | tail -n 12
+timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_rewrite_fa4.py \
+  >"$OUT/fa4-tests.log" 2>&1; echo "fa4-attention CUDA tests: exit $?"; tail -n 3 "$OUT/fa4-tests.log"

@@ -236,6 +236,30 @@ def test_closing_the_slots_judges_nothing_more():
         second.result()
 
 
+def test_the_slots_say_which_are_judging():
+    from forge.evaluate.pool import Slots
+
+    slots: Slots[int] = Slots([0, 1])
+    started, release = threading.Event(), threading.Event()
+
+    def job(slot: int) -> int:
+        started.set()
+        release.wait(5)
+        return slot
+
+    assert slots.busy() == []
+    fut = slots.submit(job)
+    started.wait(5)
+    assert slots.busy() == [0]  # the first free slot is taken, the other is free
+    release.set()
+    assert fut.result(5) == 0
+    deadline = time.monotonic() + 5
+    while slots.busy() and time.monotonic() < deadline:  # given back just after the job returns
+        time.sleep(0.01)
+    assert slots.busy() == []
+    slots.close()
+
+
 def forge_cli(args: list[str], tmp_path, pythonpath: str = "") -> subprocess.CompletedProcess[str]:
     """`forge ARGS` in a process of its own, as a user starts it."""
     path = os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)

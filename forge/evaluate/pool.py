@@ -53,7 +53,8 @@ class Slots(Generic[S]):
 
     def busy(self) -> list[S]:
         """The slots judging now (taken by a job), as far as a look at the free ones can tell."""
-        free = list(self._free.queue)
+        with self._free.mutex:  # the queue's own lock: a deque copied while another thread puts raises
+            free = list(self._free.queue)
         return [s for s in self.all if s not in free]
 
     def submit(self, job: Callable[[S], R], ready: Callable[[], object] | None = None) -> cf.Future[R]:

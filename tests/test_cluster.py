@@ -130,7 +130,10 @@ def test_killing_a_ray_actor_mid_run_loses_no_evaluated_candidate(ray_cluster, t
                 while not done.is_set() and ev.slots.lost == 0 and time.monotonic() < deadline:
                     time.sleep(0.1)
                 if ev.slots.lost == 0 and not done.is_set():
-                    pids = ev.pids()  # the kill missed: Ray started that actor again, with a new pid
+                    try:  # the kill missed: Ray started that actor again, with a new pid
+                        pids = ev.pids()
+                    except Exception:  # noqa: BLE001 - still restarting: the next look asks again
+                        time.sleep(1.0)
 
         t = threading.Thread(target=killer)
         t.start()

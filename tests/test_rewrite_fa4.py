@@ -63,15 +63,21 @@ def _rewritten(model, inputs):
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    """FlashAttention 4's flash_attn_func computed by SDPA, checking the layout FlashAttention is given."""
+    """FlashAttention 4's flash_attn_func by SDPA, holding FlashAttention's contract: its layout, dtypes, head
+    widths and head groups, and its causal mask (the bottom-right triangle: where queries and keys are not as
+    many, SDPA's top-left one differs, and a rewrite that let such a call through would not match)."""
     seen = []
 
     def flash_attn_func(q, k, v, softmax_scale=None, causal=False):
         assert all(t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v))
+        assert q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype
+        assert rf.width_fits(q.shape[-1]) and k.shape[-1] == q.shape[-1] and v.shape[-1] == q.shape[-1]
+        assert q.shape[0] == k.shape[0] == v.shape[0] and k.shape[1:3] == v.shape[1:3] and q.shape[2] % k.shape[2] == 0
         seen.append((q.shape, k.shape, softmax_scale, causal, q.is_contiguous()))
-        gqa = q.shape[2] != k.shape[2]
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           scale=softmax_scale, is_causal=causal, enable_gqa=gqa)
+        n_q, n_k = q.shape[1], k.shape[1]
+        mask = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q) if causal else None
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                           scale=softmax_scale, enable_gqa=q.shape[2] != k.shape[2])
         return o.transpose(1, 2).contiguous(), None
 
     monkeypatch.setattr(rf, "fa4", lambda: SimpleNamespace(flash_attn_func=flash_attn_func))
@@ -82,13 +88,12 @@ def stand_in(monkeypatch):
 def test_fa4_attention_wires_attention_as_sdpa_computes_it(stand_in, case):
     torch.manual_seed(0)
     model, inputs = {
-        "plain": (Heads(3), [_tokens(2, 37, 3 * 64)] * 3),
+        "plain": (Heads(3), [_tokens(2, 37, 3 * 64) for _ in range(3)]),
         "scaled": (Heads(2, scale=0.3), [_tokens(1, 19, 128), _tokens(1, 23, 128), _tokens(1, 23, 128)]),
-        "causal": (Heads(2, is_causal=True), [_tokens(2, 21, 64)] * 3),
+        "causal": (Heads(2, is_causal=True), [_tokens(2, 21, 64) for _ in range(3)]),
         "gqa": (Heads(4, 2, enable_gqa=True), [_tokens(1, 17, 4 * 32), _tokens(1, 17, 64), _tokens(1, 17, 64)]),
-        "width128": (Heads(1), [_tokens(1, 9, 128)] * 3),
+        "width128": (Heads(1), [_tokens(1, 9, 128) for _ in range(3)]),
     }[case]
-    inputs = [t.clone() for t in inputs]
     opt, sites, targets = _rewritten(model, inputs)
     assert sites == 1 and FA4 in targets and aten.scaled_dot_product_attention.default not in targets
     with torch.no_grad():
@@ -102,13 +107,25 @@ def test_fa4_attention_wires_attention_as_sdpa_computes_it(stand_in, case):
 def test_fa4_attention_hands_joint_attention_over_without_a_copy(stand_in):
     q, k, v, cq, ck, cv = (torch.randn(2, 3, n, 64, dtype=torch.bfloat16) for n in (16, 16, 16, 5, 5, 5))
     model = Joint()
-    opt, sites, _ = _rewritten(model, [q, k, v, cq, ck, cv])
-    assert sites == 1
+    eager_graph = apply(model, [q, k, v, cq, ck, cv], []).gm.graph
+    assert aten.clone.default in [n.target for n in eager_graph.nodes]  # the heads merged by a copy
+    opt, sites, targets = _rewritten(model, [q, k, v, cq, ck, cv])
+    assert sites == 1 and aten.clone.default not in targets  # the op's result is in the merged layout already
     with torch.no_grad():
         out = opt(q, k, v, cq, ck, cv)
         torch.testing.assert_close(out, model(q, k, v, cq, ck, cv), rtol=2e-2, atol=2e-2)
-    assert out.is_contiguous()  # the graph's output stays row-major, as eager's
+    assert out.is_contiguous()
     assert stand_in[-1][0] == (2, 21, 3, 64) and not stand_in[-1][4]  # a transposed view, not a copy
+
+
+def test_attention_that_is_a_graph_output_comes_back_row_major(stand_in):
+    inputs = [torch.randn(1, 2, 9, 64, dtype=torch.bfloat16) for _ in range(3)]
+    opt, sites, _ = _rewritten(Sdpa(), inputs)
+    with torch.no_grad():
+        out = opt(*inputs)
+        want = Sdpa()(*inputs)
+    assert sites == 1 and out.stride() == want.stride()  # user code may view it as eager's
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
 
 
 class Sdpa(nn.Module):
@@ -128,19 +145,28 @@ class Sdpa(nn.Module):
     ("mask", 64, torch.bfloat16, 9, {"attn_mask": torch.ones(9, 9, dtype=torch.bool)}),
     ("dropout", 64, torch.bfloat16, 9, {"dropout_p": 0.5}),
     ("3d", 64, torch.bfloat16, 9, {}),
+    ("value_width", 64, torch.bfloat16, 9, {}),  # values 32 wide
+    ("broadcast_batch", 64, torch.bfloat16, 9, {}),  # keys and values of one batch for two queries
 ])
 def test_fa4_attention_leaves_what_flash_attention_computes_otherwise(case, width, dtype, n_kv, kw):
     lead = (2,) if case == "3d" else (1, 2)
     inputs = [torch.randn(*lead, 9, width, dtype=dtype), *(torch.randn(*lead, n_kv, width, dtype=dtype)
                                                            for _ in range(2))]
+    if case == "value_width":
+        inputs[2] = inputs[2][..., :32]
+    if case == "broadcast_batch":
+        inputs[0] = torch.randn(2, 2, 9, width, dtype=dtype)
     _, sites, targets = _rewritten(Sdpa(**kw), inputs)
     assert sites == 0 and FA4 not in targets and aten.scaled_dot_product_attention.default in targets
 
 
-def test_fa4_attention_is_offered_only_where_flash_attention_runs(monkeypatch):
+@pytest.mark.parametrize("capability, offered", [((9, 0), True), ((10, 0), True), ((8, 0), False), ((12, 0), False)])
+def test_fa4_attention_is_offered_only_where_flash_attention_runs(monkeypatch, stand_in, capability, offered):
     r = REWRITES["fa4-attention"]
-    assert not r.applies_to("cpu")
-    monkeypatch.setattr(rf, "fa4", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert r.applies_to("cuda") is offered and r.applies_to("cuda:0") is offered and not r.applies_to("cpu")
+    monkeypatch.setattr(rf, "fa4", lambda: None)  # not installed
     assert not r.applies_to("cuda")
 
 
@@ -167,10 +193,12 @@ def test_fa4_attention_matches_sdpa_on_the_gpu_replayed_and_compiled():
         want = model(*inputs)
         torch.testing.assert_close(opt(*inputs), want, rtol=2e-2, atol=2e-2)
         replay = apply(model, inputs, [], cuda_graph=True)
-        rf.Fa4Attention().apply(Graph(replay.gm, replay._template, replay._user_slots))
+        assert rf.Fa4Attention().apply(Graph(replay.gm, replay._template, replay._user_slots)) == 1
+        replay.gm.graph.eliminate_dead_code()
         replay.gm.recompile()
         for _ in range(3):
             torch.testing.assert_close(replay(*inputs), want, rtol=2e-2, atol=2e-2)
+        assert replay.cuda_graph and not replay.graph_error  # captured and replayed, not run op by op
         torch.testing.assert_close(torch.compile(opt)(*inputs), want, rtol=2e-2, atol=2e-2)
     causal = Heads(8, 2, is_causal=True, enable_gqa=True)
     inputs = [_tokens(1, 300, 8 * 128, device="cuda"), *(_tokens(1, 300, 2 * 128, device="cuda") for _ in range(2))]

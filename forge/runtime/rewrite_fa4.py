@@ -11,9 +11,10 @@ with equal query and value head widths that FlashAttention takes on both archite
 to 128, or 256); causal only where queries and keys are as many (SDPA's causal mask is the top-left
 triangle, FlashAttention's the bottom-right one: they differ otherwise); grouped-query attention where the
 query heads are a multiple of the key/value heads. The inputs go to FlashAttention as (batch, tokens, heads,
-width) views of SDPA's (batch, heads, tokens, width) ones, so that the usual layout (heads split off a
-linear's output, then transposed) crosses without a copy; the output comes back as the same kind of view,
-which the usual transpose-and-merge of the heads after attention reads as a contiguous tensor.
+width) views of SDPA's (batch, heads, tokens, width) ones (no copy where the last dimension is contiguous:
+heads split off a linear's output, or concatenated along the tokens as MMDiT's joint attention does); the
+output comes back as the same kind of view, so that merging the heads after attention (tokens and heads
+swapped, then made contiguous) needs no copy: that clone is dropped (drop_copies).
 
 The op is a torch custom op (`forge::fa4_attention`) with a fake implementation, so that the graph runs
 under torch.compile (opaque to Inductor) and inside CUDA graphs (FlashAttention compiles its kernel on the
@@ -94,7 +95,7 @@ class Fa4Attention(Rewrite):
         return super().applies_to(device) and available(device)
 
     def apply(self, g: Graph) -> int:
-        sites = 0
+        made = []
         for sdpa in list(g.graph.nodes):
             if not is_op(sdpa, aten.scaled_dot_product_attention.default):
                 continue
@@ -108,14 +109,36 @@ class Fa4Attention(Rewrite):
             new = g.call(torch.ops.forge.fa4_attention.default,
                          (call["query"], call["key"], call["value"], scale, bool(call.get("is_causal"))), sdpa,
                          like=sdpa)
-            if isinstance(q, torch._subclasses.FakeTensor):  # the value's layout is the op's, not SDPA's
-                new.meta["val"] = out_like(q, call["value"].meta["val"])
             sdpa.replace_all_uses_with(new)
             g.graph.erase_node(sdpa)  # tagged nondeterministic (dropout): dead-code elimination keeps it
-            sites += 1
-        if sites:  # a graph output stays row-major, as eager's
+            made.append(new)
+        if made:  # a graph output stays row-major as eager's: judged while the nodes carry SDPA's value
             outputs_row_major(g)
-        return sites
+        for new in made:
+            q, v = (a.meta.get("val") for a in new.args[:3:2])
+            if isinstance(q, torch._subclasses.FakeTensor):  # from here on the value has the op's layout
+                new.meta["val"] = out_like(q, v)
+            drop_copies(new)
+        return len(made)
+
+
+def drop_copies(node: torch.fx.Node) -> int:
+    """The heads merged back after attention (tokens and heads swapped, then a contiguous clone) read the op's
+    result with no copy: its (batch, tokens, heads, width) tensor is that layout already. Clones dropped."""
+    dropped = 0
+    for swap in list(node.users):
+        if not (is_op(swap, aten.permute.default) and list(swap.args[1]) == [0, 2, 1, 3]) and \
+                not (is_op(swap, aten.transpose.int) and sorted(swap.args[1:3]) == [1, 2]):
+            continue
+        for clone in list(swap.users):
+            if is_op(clone, aten.clone.default) and \
+                    clone.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format:
+                clone.replace_all_uses_with(swap)
+                dropped += 1
+        val = node.meta.get("val")
+        if dropped and isinstance(val, torch._subclasses.FakeTensor):
+            swap.meta["val"] = val.transpose(1, 2)
+    return dropped
 
 
 def site(call: dict[str, object]) -> bool:

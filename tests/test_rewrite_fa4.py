@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import forge.runtime.rewrite_fa4 as rf
+import forge.runtime.rewrite_masks as rm
 from forge.runtime.dispatch import apply
 from forge.runtime.rewrite_base import Graph
 from forge.runtime.rewrites import REWRITES
@@ -64,18 +65,22 @@ def _rewritten(model, inputs):
 @pytest.fixture
 def stand_in(monkeypatch):
     """FlashAttention 4's flash_attn_func by SDPA, holding FlashAttention's contract: its layout, dtypes, head
-    widths and head groups, and its causal mask (the bottom-right triangle: where queries and keys are not as
-    many, SDPA's top-left one differs, and a rewrite that let such a call through would not match)."""
+    widths and head groups, and its causal mask and window (aligned bottom-right: where queries and keys are
+    not as many, SDPA's top-left causal mask differs, and a rewrite that let such a call through would not
+    match)."""
     seen = []
 
-    def flash_attn_func(q, k, v, softmax_scale=None, causal=False):
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None)):
         assert all(t.dim() == 4 and t.stride(-1) == 1 for t in (q, k, v))
         assert q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype
         assert rf.width_fits(q.shape[-1]) and k.shape[-1] == q.shape[-1] and v.shape[-1] == q.shape[-1]
         assert q.shape[0] == k.shape[0] == v.shape[0] and k.shape[1:3] == v.shape[1:3] and q.shape[2] % k.shape[2] == 0
-        seen.append((q.shape, k.shape, softmax_scale, causal, q.is_contiguous()))
+        assert window_size == (None, None) or (causal and window_size[0] >= 0 and window_size[1] == 0)
+        seen.append((q.shape, k.shape, softmax_scale, causal, q.is_contiguous(), window_size))
         n_q, n_k = q.shape[1], k.shape[1]
         mask = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q) if causal else None
+        if window_size[0] is not None:  # and only the window_size[0] keys before each query's own
+            mask &= torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q - window_size[0])
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                            scale=softmax_scale, enable_gqa=q.shape[2] != k.shape[2])
         return o.transpose(1, 2).contiguous(), None
@@ -98,9 +103,10 @@ def test_fa4_attention_wires_attention_as_sdpa_computes_it(stand_in, case):
     assert sites == 1 and FA4 in targets and aten.scaled_dot_product_attention.default not in targets
     with torch.no_grad():
         torch.testing.assert_close(opt(*inputs), model(*inputs), rtol=2e-2, atol=2e-2)
-    (q_shape, k_shape, scale, causal, _), = stand_in[-1:]
+    (q_shape, k_shape, scale, causal, _, window_size), = stand_in[-1:]
     width = q_shape[-1]
     assert scale == pytest.approx(0.3 if case == "scaled" else 1 / math.sqrt(width)) and causal == (case == "causal")
+    assert window_size == (None, None)
     assert q_shape[1] == inputs[0].shape[1]  # tokens second: FlashAttention's layout
 
 
@@ -206,3 +212,79 @@ def test_fa4_attention_matches_sdpa_on_the_gpu_replayed_and_compiled():
     assert sites == 1
     with torch.no_grad():
         torch.testing.assert_close(opt(*inputs), causal(*inputs), rtol=2e-2, atol=2e-2)
+
+
+class Positional(nn.Module):
+    """Attention with a mask built from token positions, as transformers builds it (Gemma 4: one key/value head
+    expanded over the query heads, scale 1): causal, a sliding window of `window` keys, or (`odd`) a mask that
+    is neither."""
+
+    def __init__(self, window: int | None = None, odd: bool = False) -> None:
+        super().__init__()
+        self.window, self.odd = window, odd
+
+    def forward(self, q, k, v):
+        n_q, n_k = q.shape[2], k.shape[2]
+        i = torch.arange(n_q, device=q.device)[:, None] + (n_k - n_q)
+        j = torch.arange(n_k, device=q.device)[None, :]
+        mask = j <= i
+        if self.window is not None:
+            mask = mask & (j > i - self.window)
+        if self.odd:
+            mask = mask & ((j % 2 == 0) | (j == i))
+        h = q.shape[1]
+        k, v = k.expand(-1, h, -1, -1), v.expand(-1, h, -1, -1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None].expand(1, 1, -1, -1), scale=1.0)
+
+
+@pytest.mark.parametrize("window, n_q, n_k", [(None, 33, 33), (8, 33, 33), (8, 5, 21), (40, 33, 33)])
+def test_fa4_attention_takes_causal_and_sliding_window_masks_built_from_positions(stand_in, window, n_q, n_k):
+    torch.manual_seed(5)
+    q = torch.randn(1, 4, n_q, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 1, n_k, 64, dtype=torch.bfloat16) for _ in range(2))
+    model = Positional(window)
+    opt, sites, targets = _rewritten(model, [q, k, v])
+    assert sites == 1 and aten.scaled_dot_product_attention.default not in targets
+    with torch.no_grad():
+        torch.testing.assert_close(opt(q, k, v), model(q, k, v), rtol=2e-2, atol=2e-2)
+    q_shape, k_shape, scale, causal, _, window_size = stand_in[-1]
+    assert causal and scale == 1.0 and k_shape[2] == 1  # the expanded key head went as one (grouped-query)
+    assert window_size == ((window - 1, 0) if window is not None and window < n_k else (None, None))
+
+
+def test_fa4_attention_leaves_masks_it_cannot_compute_from_indices(stand_in):
+    q = torch.randn(1, 4, 17, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 1, 17, 64, dtype=torch.bfloat16) for _ in range(2))
+    _, sites, _ = _rewritten(Positional(odd=True), [q, k, v])  # computed from positions, but not a band
+    assert sites == 0
+
+    class Given(nn.Module):  # the mask is an input: its value is the caller's
+        def forward(self, q, k, v, m):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    q, k, v = (torch.randn(1, 2, 9, 64, dtype=torch.bfloat16) for _ in range(3))
+    _, sites, _ = _rewritten(Given(), [q, k, v, torch.ones(9, 9, dtype=torch.bool).tril()])
+    assert sites == 0
+
+
+def test_a_band_is_recognised_only_where_it_is_one():
+    i, j = torch.arange(6)[:, None] + 4, torch.arange(10)[None, :]  # 6 queries, the last of 10 keys
+    assert rm.band(j <= i, 6, 10) == rm.CAUSAL
+    assert rm.band((j <= i) & (j > i - 3), 6, 10) == 2
+    assert rm.band(((j <= i) & (j > i - 3))[None, None].expand(2, 3, 6, 10), 6, 10) == 2
+    heads = torch.stack([j <= i, (j <= i) & (j > i - 3)])[None]  # another band a head: not one mask
+    assert rm.band(heads, 6, 10) is None
+    assert rm.band((j <= i).float(), 6, 10) is None  # an additive mask
+    assert rm.band(j <= i, 6, 11) is None and rm.band(j <= i - 4, 6, 10) is None  # other shape; top-left causal
+    assert rm.band(torch.ones(10, 6, dtype=torch.bool), 10, 6) is None  # more queries than keys
+
+
+def test_a_mask_of_a_meta_capture_is_not_evaluated():
+    model, inputs = Positional(8), [torch.empty(1, 4, 9, 64, dtype=torch.bfloat16, device="meta"),
+                                    *(torch.empty(1, 1, 9, 64, dtype=torch.bfloat16, device="meta") for _ in range(2))]
+    from forge.capture.export import capture
+
+    gm = capture(model, inputs).graph_module
+    g = Graph(gm, [None] * sum(n.op == "placeholder" for n in gm.graph.nodes), [])
+    sdpa = next(n for n in gm.graph.nodes if n.target == aten.scaled_dot_product_attention.default)
+    assert rm.constant_value(g, sdpa.kwargs.get("attn_mask", sdpa.args[3] if len(sdpa.args) > 3 else None)) is None

@@ -6,15 +6,17 @@ where it imports and the GPU is a Hopper (sm_90) or Blackwell (sm_100) one; `pip
 matching (forge.runtime.variants): on the SD3.5 MMDiT, cuDNN's attention is already about 416 TFLOP/s on the
 H200, and which is faster is a measurement, not an assumption.
 
-Sites: attention without a mask or dropout, 4-d (batch, heads, tokens, head width), in float16 or bfloat16,
-with equal query and value head widths that FlashAttention takes on both architectures (a multiple of 8 up
-to 128, or 256); causal only where queries and keys are as many (SDPA's causal mask is the top-left
-triangle, FlashAttention's the bottom-right one: they differ otherwise); grouped-query attention where the
-query heads are a multiple of the key/value heads. The inputs go to FlashAttention as (batch, tokens, heads,
-width) views of SDPA's (batch, heads, tokens, width) ones (no copy where the last dimension is contiguous:
-heads split off a linear's output, or concatenated along the tokens as MMDiT's joint attention does); the
-output comes back as the same kind of view, so that merging the heads after attention (tokens and heads
-swapped, then made contiguous) needs no copy: that clone is dropped (drop_copies).
+Sites: attention without dropout, 4-d (batch, heads, tokens, head width), in float16 or bfloat16, with equal
+query and value head widths that FlashAttention takes on both architectures (a multiple of 8 up to 128, or
+256); `is_causal` only where queries and keys are as many (SDPA's causal mask is the top-left triangle,
+FlashAttention's the bottom-right one: they differ otherwise); unmasked, or with a mask the graph computes
+from positions alone that is causal or a sliding window (forge.runtime.rewrite_masks: Gemma 4's sliding
+layers, whose window FlashAttention skips rather than masks); grouped-query attention where the query heads
+are a multiple of the key/value heads, or one key/value head expanded over them. The inputs go to
+FlashAttention as (batch, tokens, heads, width) views of SDPA's (batch, heads, tokens, width) ones (no copy
+where the last dimension is contiguous: heads split off a linear's output, or concatenated along the tokens
+as MMDiT's joint attention does); the output comes back as the same kind of view, so that merging the heads
+after attention (tokens and heads swapped, then made contiguous) needs no copy: that clone is dropped (drop_copies).
 
 The op is a torch custom op (`forge::fa4_attention`) with a fake implementation, so that the graph runs
 under torch.compile (opaque to Inductor) and inside CUDA graphs (FlashAttention compiles its kernel on the
@@ -33,6 +35,7 @@ import torch
 import torch.fx
 
 from forge.runtime.rewrite_base import Graph, Rewrite, is_op, outputs_row_major
+from forge.runtime.rewrite_masks import band, constant_value
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -63,19 +66,24 @@ def width_fits(d: int) -> bool:
 
 
 @torch.library.custom_op("forge::fa4_attention", mutates_args=())
-def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
-    """softmax(q k^T * scale) v of (batch, heads, tokens, width) tensors by FlashAttention 4; the result is a
-    (batch, heads, tokens, width) view of a (batch, tokens, heads, width) tensor."""
+def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
+                  window: int = -1) -> torch.Tensor:
+    """softmax(q k^T * scale) v of (batch, heads, tokens, width) tensors by FlashAttention 4; `causal`: the mask
+    aligned to the last query (bottom-right); `window` >= 0: each query takes only its own key and the `window`
+    before it. The result is a (batch, heads, tokens, width) view of a (batch, tokens, heads, width) tensor."""
     mod = fa4()
     if mod is None:
         raise RuntimeError("fa4-attention needs FlashAttention 4: pip install 'forge-kernels[fa4]'")
+    if k.stride(1) == 0 and v.stride(1) == 0:  # one key/value head expanded over the heads: grouped-query
+        k, v = k[:, :1], v[:, :1]
     out = mod.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
-                              causal=causal)
+                              causal=causal, window_size=(window, 0) if window >= 0 else (None, None))
     return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
 
 
 @fa4_attention.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
+      window: int = -1) -> torch.Tensor:
     return out_like(q, v)
 
 
@@ -86,7 +94,8 @@ def out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 class Fa4Attention(Rewrite):
-    """Unmasked attention of the widths and dtypes FlashAttention 4 takes -> forge::fa4_attention."""
+    """Attention (unmasked, causal or a sliding window) of the widths and dtypes FlashAttention 4 takes ->
+    forge::fa4_attention."""
 
     name = "fa4-attention"
     devices = ("cuda",)
@@ -95,7 +104,7 @@ class Fa4Attention(Rewrite):
         return super().applies_to(device) and available(device)
 
     def apply(self, g: Graph) -> int:
-        made = []
+        made, bands = [], {}  # bands: each mask's band (masks are shared by the layers)
         for sdpa in list(g.graph.nodes):
             if not is_op(sdpa, aten.scaled_dot_product_attention.default):
                 continue
@@ -103,12 +112,19 @@ class Fa4Attention(Rewrite):
             call = dict(zip(names, sdpa.args, strict=False)) | dict(sdpa.kwargs)
             if not site(call):
                 continue
-            q = call["query"].meta["val"]
+            q, k = call["query"].meta["val"], call["key"].meta["val"]
+            causal, window = bool(call.get("is_causal")), -1
+            if (mask := call.get("attn_mask")) is not None:
+                if mask not in bands:
+                    value = constant_value(g, mask)
+                    bands[mask] = None if value is None else band(value, q.shape[2], k.shape[2])
+                if bands[mask] is None:
+                    continue  # a mask FlashAttention does not compute from indices
+                causal, window = True, bands[mask]
             scale = call.get("scale")
             scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             new = g.call(torch.ops.forge.fa4_attention.default,
-                         (call["query"], call["key"], call["value"], scale, bool(call.get("is_causal"))), sdpa,
-                         like=sdpa)
+                         (call["query"], call["key"], call["value"], scale, causal, window), sdpa, like=sdpa)
             sdpa.replace_all_uses_with(new)
             g.graph.erase_node(sdpa)  # tagged nondeterministic (dropout): dead-code elimination keeps it
             made.append(new)
@@ -149,7 +165,7 @@ def site(call: dict[str, object]) -> bool:
         return False
     q, k, v = vals
     assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-    if call.get("attn_mask") is not None or call.get("dropout_p", 0.0) or q.dim() != 4 or k.dim() != 4 or \
+    if call.get("dropout_p", 0.0) or q.dim() != 4 or k.dim() != 4 or \
             v.dim() != 4 or q.dtype not in (torch.float16, torch.bfloat16) or not q.dtype == k.dtype == v.dtype:
         return False
     if not width_fits(q.shape[-1]) or v.shape[-1] != q.shape[-1] or k.shape[-1] != q.shape[-1]:
@@ -159,4 +175,7 @@ def site(call: dict[str, object]) -> bool:
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads != kv_heads and not (call.get("enable_gqa") and heads % kv_heads == 0):
         return False
+    mask = call.get("attn_mask")
+    if mask is not None and (not isinstance(mask, torch.fx.Node) or call.get("is_causal")):
+        return False  # a mask the graph does not compute, or a mask and causal together (SDPA refuses it)
     return not (call.get("is_causal") and q.shape[2] != k.shape[2])

@@ -29,12 +29,14 @@ from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from forge.bench import BenchConfig, Clock, interleaved
 
-# (name, batch, heads, query length, key length, head width, causal)
+# (name, batch, heads, key/value heads, query length, key length, head width, causal, sliding window or 0)
 SHAPES = [
-    ("sd35-mmdit joint attention", 2, 24, 4429, 4429, 64, False),
-    ("sd35-vae mid-block attention", 1, 1, 16384, 16384, 512, False),
-    ("gemma-like prefill, causal", 1, 8, 2048, 2048, 256, True),
-    ("llama-like prefill, causal", 1, 32, 2048, 2048, 128, True),
+    ("sd35-mmdit joint attention", 2, 24, 24, 4429, 4429, 64, False, 0),
+    ("sd35-mmdit self-attention", 2, 24, 24, 4096, 4096, 64, False, 0),
+    ("sd35-vae mid-block attention", 1, 1, 1, 16384, 16384, 512, False, 0),
+    ("gemma4 sliding layer (mask)", 1, 8, 1, 2048, 2048, 256, False, 512),
+    ("gemma-like prefill, causal", 1, 8, 8, 2048, 2048, 256, True, 0),
+    ("llama-like prefill, causal", 1, 32, 32, 2048, 2048, 128, True, 0),
 ]
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -49,22 +51,32 @@ def fa4() -> Any:
 
 
 def one_shape(clock: Clock, shape: tuple, cfg: BenchConfig) -> dict:
-    """Every backend that accepts this shape, timed in turn; its error against fp32 math."""
-    name, b, h, lq, lk, d, causal = shape
+    """Every backend that accepts this shape, timed in turn; its error against fp32 math. A sliding window is
+    a boolean mask for torch's backends (as transformers hands it to SDPA, its one key/value head expanded over
+    the heads) and FlashAttention 4's own window (keys outside it skipped, not masked)."""
+    name, b, h, h_kv, lq, lk, d, causal, window = shape
     qs = torch.randn(b, lq, h, d, device="cuda", dtype=torch.bfloat16)
-    ks, vs = (torch.randn(b, lk, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    q, k, v = (t.transpose(1, 2) for t in (qs, ks, vs))
+    ks, vs = (torch.randn(b, lk, h_kv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q, k, v = (t.transpose(1, 2).expand(-1, h, -1, -1) for t in (qs, ks, vs))
+    mask = None
+    if window:
+        i = torch.arange(lq, device="cuda")[:, None] + (lk - lq)
+        j = torch.arange(lk, device="cuda")[None, :]
+        mask = ((j <= i) & (j > i - window))[None, None]
     with sdpa_kernel([SDPBackend.MATH]):
-        ref = sdpa(q.float(), k.float(), v.float(), is_causal=causal)
-    fns, row = {}, {"shape": name, "dims": [b, h, lq, lk, d], "causal": causal, "backends": {}}
+        ref = sdpa(q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal)
+    fns, row = {}, {"shape": name, "dims": [b, h, h_kv, lq, lk, d], "causal": causal, "window": window,
+                    "backends": {}}
     calls = {}
     for key, backend in BACKENDS.items():
         def call(backend: SDPBackend = backend) -> torch.Tensor:
             with sdpa_kernel([backend]):
-                return sdpa(q, k, v, is_causal=causal)
+                return sdpa(q, k, v, attn_mask=mask, is_causal=causal)
         calls[key] = call
     if (mod := fa4()) is not None:
-        calls["fa4"] = lambda: mod.flash_attn_func(qs, ks, vs, causal=causal)[0].transpose(1, 2)
+        size = (window - 1, 0) if window else (None, None)
+        calls["fa4"] = lambda: mod.flash_attn_func(qs, ks, vs, causal=causal or bool(window),
+                                                   window_size=size)[0].transpose(1, 2)
     for key, call in calls.items():
         start = time.monotonic()
         try:

@@ -212,6 +212,14 @@ def test_fa4_attention_matches_sdpa_on_the_gpu_replayed_and_compiled():
     assert sites == 1
     with torch.no_grad():
         torch.testing.assert_close(opt(*inputs), causal(*inputs), rtol=2e-2, atol=2e-2)
+    for window, n_q in ((None, 700), (512, 700), (64, 300)):  # Gemma 4's sliding layers; a prefill after a cache
+        q = torch.randn(1, 8, n_q, 256, dtype=torch.bfloat16, device="cuda")
+        k, v = (torch.randn(1, 1, 700, 256, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        model = Positional(window)
+        opt, sites, _ = _rewritten(model, [q, k, v])
+        assert sites == 1
+        with torch.no_grad():
+            torch.testing.assert_close(opt(q, k, v), model(q, k, v), rtol=2e-2, atol=2e-2)
 
 
 class Positional(nn.Module):
@@ -265,6 +273,33 @@ def test_fa4_attention_leaves_masks_it_cannot_compute_from_indices(stand_in):
     q, k, v = (torch.randn(1, 2, 9, 64, dtype=torch.bfloat16) for _ in range(3))
     _, sites, _ = _rewritten(Given(), [q, k, v, torch.ones(9, 9, dtype=torch.bool).tril()])
     assert sites == 0
+
+
+def test_a_mask_is_judged_at_each_shape_and_never_from_a_buffer(stand_in):
+    class Shared(nn.Module):  # one all-True mask over the keys, broadcast over 1 query and then over 8
+        def forward(self, q1, q8, k, v):
+            mask = (torch.arange(k.shape[2]) >= 0)[None, :]
+            return (F.scaled_dot_product_attention(q1, k, v, attn_mask=mask).sum()
+                    + F.scaled_dot_product_attention(q8, k, v, attn_mask=mask).sum())
+
+    q1, q8 = torch.randn(1, 2, 1, 64, dtype=torch.bfloat16), torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, 12, 64, dtype=torch.bfloat16) for _ in range(2))
+    opt, sites, _ = _rewritten(Shared(), [q1, q8, k, v])
+    assert sites == 1  # causal for the one query (it sees every key); for eight it is no band
+    with torch.no_grad():
+        torch.testing.assert_close(opt(q1, q8, k, v), Shared()(q1, q8, k, v), rtol=2e-2, atol=2e-1)
+
+    class Stateful(nn.Module):  # the window is a buffer, which a forward may change: the mask is not a constant
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("window", torch.tensor(4))
+
+        def forward(self, q, k, v):
+            i, j = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=(j <= i) & (j > i - self.window))
+
+    q, k, v = (torch.randn(1, 2, 9, 64, dtype=torch.bfloat16) for _ in range(3))
+    assert _rewritten(Stateful(), [q, k, v])[1] == 0
 
 
 def test_a_band_is_recognised_only_where_it_is_one():

@@ -104,7 +104,8 @@ class Fa4Attention(Rewrite):
         return super().applies_to(device) and available(device)
 
     def apply(self, g: Graph) -> int:
-        made, bands = [], {}  # bands: each mask's band (masks are shared by the layers)
+        made: list[torch.fx.Node] = []
+        bands: dict[tuple, int | None] = {}  # each mask's band at each shape (the layers share masks)
         for sdpa in list(g.graph.nodes):
             if not is_op(sdpa, aten.scaled_dot_product_attention.default):
                 continue
@@ -115,12 +116,15 @@ class Fa4Attention(Rewrite):
             q, k = call["query"].meta["val"], call["key"].meta["val"]
             causal, window = bool(call.get("is_causal")), -1
             if (mask := call.get("attn_mask")) is not None:
-                if mask not in bands:
+                key = (mask, q.shape[2], k.shape[2])  # a mask broadcast over the queries serves other shapes
+                if key not in bands:
+                    if mask.meta.get("val") is not None and mask.meta["val"].dtype != torch.bool:
+                        continue  # an additive mask: not evaluated
                     value = constant_value(g, mask)
-                    bands[mask] = None if value is None else band(value, q.shape[2], k.shape[2])
-                if bands[mask] is None:
+                    bands[key] = None if value is None else band(value, q.shape[2], k.shape[2])
+                if bands[key] is None:
                     continue  # a mask FlashAttention does not compute from indices
-                causal, window = True, bands[mask]
+                causal, window = True, bands[key]
             scale = call.get("scale")
             scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             new = g.call(torch.ops.forge.fa4_attention.default,

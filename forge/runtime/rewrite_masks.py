@@ -1,8 +1,8 @@
 """Attention masks the graph computes from shapes alone, recognised as what they are (forge.runtime.rewrite_fa4).
 
 transformers builds a causal or sliding-window mask from `arange`s of the token positions; exported, that is a
-few dozen ATen nodes that read no input of the user's (Gemma 4: 36-41 nodes a mask, no placeholder). Such a
-subgraph is evaluated once, when the graph is rewritten (its constants are the graph's own), and the value is
+few dozen ATen nodes that read no input of the graph (Gemma 4: 36-41 nodes a mask, no placeholder). Such a
+subgraph is evaluated once, when the graph is rewritten (forge.load rewrites again), and the value is
 compared with the band a kernel computes from indices: queries i, keys j, d = keys - queries (the queries are
 the last ones, as in a prefill after a cache), key j taken part iff i + d - left <= j <= i + d.
 """
@@ -19,14 +19,15 @@ from forge.runtime.rewrite_base import Graph
 log = logging.getLogger(__name__)
 
 MAX_NODES = 256  # a mask's subgraph larger than this is not evaluated
-MAX_ELEMENTS = 1 << 26  # nor one whose value is larger
+MAX_ELEMENTS = 1 << 28  # nor one with a value larger than this (a 16k x 16k mask)
 CAUSAL = -1  # band(): the causal mask, every earlier key taken part
 
 
 def constant_value(g: Graph, node: object) -> torch.Tensor | None:
-    """The value of `node` when it is computed from the graph's constants alone by deterministic ATen ops;
-    None otherwise (it reads an input of the user's, a random op, a function of forge's, or it is too large)."""
-    if not isinstance(node, torch.fx.Node):
+    """The value of `node` when it is computed from no input of the graph (no parameter, no buffer: a buffer the
+    forward updates would change it; no input of the user's) by deterministic ATen ops, and from constants
+    forge added; None otherwise (a random op, a function of forge's, too large, a meta capture)."""
+    if not isinstance(node, torch.fx.Node) or not _small(node):
         return None
     need: set[torch.fx.Node] = set()
     stack = [node]
@@ -35,19 +36,18 @@ def constant_value(g: Graph, node: object) -> torch.Tensor | None:
         if n in need:
             continue
         need.add(n)
-        if g.const(n) is not None:
+        if n.op == "get_attr" and g.const(n) is not None:
             continue
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload) or \
-                torch.Tag.nondeterministic_seeded in n.target.tags or len(need) > MAX_NODES:
+                torch.Tag.nondeterministic_seeded in n.target.tags or len(need) > MAX_NODES or not _small(n):
             return None
         stack.extend(n.all_input_nodes)
     order = {n: i for i, n in enumerate(g.graph.nodes)}
     env: dict[torch.fx.Node, object] = {}
     try:
         for n in sorted(need, key=order.__getitem__):
-            const = g.const(n)
-            if const is not None:
-                env[n] = const
+            if n.op == "get_attr":
+                env[n] = g.const(n)
                 continue
             args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
             env[n] = n.target(*args, **kwargs)  # type: ignore[operator]
@@ -59,6 +59,12 @@ def constant_value(g: Graph, node: object) -> torch.Tensor | None:
         return None
     out = env[node]
     return out if isinstance(out, torch.Tensor) else None
+
+
+def _small(n: torch.fx.Node) -> bool:
+    """Whether the node's recorded value (if any) is within MAX_ELEMENTS: checked before anything is computed."""
+    val = n.meta.get("val")
+    return not isinstance(val, torch.Tensor) or val.numel() <= MAX_ELEMENTS
 
 
 def band(mask: torch.Tensor, n_q: int, n_k: int) -> int | None:

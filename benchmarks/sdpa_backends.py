@@ -16,11 +16,9 @@ they are.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from provenance import stamp  # benchmarks/, on sys.path as the script's folder
@@ -28,6 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from forge.bench import BenchConfig, Clock, interleaved
+from forge.runtime.rewrite_fa4 import fa4
 
 # (name, batch, heads, key/value heads, query length, key length, head width, causal, sliding window or 0)
 SHAPES = [
@@ -40,14 +39,6 @@ SHAPES = [
 ]
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-
-
-def fa4() -> Any:
-    """FlashAttention 4's interface module, or None where the package is not installed."""
-    try:
-        return importlib.import_module("flash_attn.cute.interface")
-    except Exception:  # noqa: BLE001 - not installed, or its CUDA toolkit check refused: no row
-        return None
 
 
 def one_shape(clock: Clock, shape: tuple, cfg: BenchConfig) -> dict:

@@ -63,6 +63,16 @@ def is_op(node: Any, *targets: Any) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
 
 
+SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def sdpa_call(node: Any) -> dict[str, Any] | None:
+    """The arguments by name of a `scaled_dot_product_attention` node; None for any other node."""
+    if not is_op(node, torch.ops.aten.scaled_dot_product_attention.default):
+        return None
+    return dict(zip(SDPA_ARGS, node.args, strict=False)) | dict(node.kwargs)
+
+
 def only_user(node: torch.fx.Node) -> torch.fx.Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 else None

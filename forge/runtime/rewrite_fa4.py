@@ -34,7 +34,7 @@ from types import ModuleType
 import torch
 import torch.fx
 
-from forge.runtime.rewrite_base import Graph, Rewrite, is_op, outputs_row_major
+from forge.runtime.rewrite_base import Graph, Rewrite, is_op, outputs_row_major, sdpa_call
 from forge.runtime.rewrite_masks import band, constant_value
 
 log = logging.getLogger(__name__)
@@ -107,21 +107,14 @@ class Fa4Attention(Rewrite):
         made: list[torch.fx.Node] = []
         bands: dict[tuple, int | None] = {}  # each mask's band at each shape (the layers share masks)
         for sdpa in list(g.graph.nodes):
-            if not is_op(sdpa, aten.scaled_dot_product_attention.default):
-                continue
-            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-            call = dict(zip(names, sdpa.args, strict=False)) | dict(sdpa.kwargs)
-            if not site(call):
+            if (call := sdpa_call(sdpa)) is None or not site(call):
                 continue
             q, k = call["query"].meta["val"], call["key"].meta["val"]
             causal, window = bool(call.get("is_causal")), -1
             if (mask := call.get("attn_mask")) is not None:
                 key = (mask, q.shape[2], k.shape[2])  # a mask broadcast over the queries serves other shapes
                 if key not in bands:
-                    if mask.meta.get("val") is not None and mask.meta["val"].dtype != torch.bool:
-                        continue  # an additive mask: not evaluated
-                    value = constant_value(g, mask)
-                    bands[key] = None if value is None else band(value, q.shape[2], k.shape[2])
+                    bands[key] = mask_band(g, mask, q.shape[2], k.shape[2])
                 if bands[key] is None:
                     continue  # a mask FlashAttention does not compute from indices
                 causal, window = True, bands[key]
@@ -142,22 +135,30 @@ class Fa4Attention(Rewrite):
         return len(made)
 
 
+def mask_band(g: Graph, mask: torch.fx.Node, n_q: int, n_k: int) -> int | None:
+    """forge.runtime.rewrite_masks.band of a boolean mask the graph computes from no input; None otherwise."""
+    val = mask.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dtype != torch.bool:
+        return None  # an additive mask: not evaluated
+    value = constant_value(g, mask)
+    return None if value is None else band(value, n_q, n_k)
+
+
 def drop_copies(node: torch.fx.Node) -> int:
     """The heads merged back after attention (tokens and heads swapped, then a contiguous clone) read the op's
     result with no copy: its (batch, tokens, heads, width) tensor is that layout already. Clones dropped."""
-    dropped = 0
+    dropped, val = 0, node.meta.get("val")
     for swap in list(node.users):
         if not (is_op(swap, aten.permute.default) and list(swap.args[1]) == [0, 2, 1, 3]) and \
                 not (is_op(swap, aten.transpose.int) and sorted(swap.args[1:3]) == [1, 2]):
             continue
-        for clone in list(swap.users):
-            if is_op(clone, aten.clone.default) and \
-                    clone.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format:
-                clone.replace_all_uses_with(swap)
-                dropped += 1
-        val = node.meta.get("val")
-        if dropped and isinstance(val, torch._subclasses.FakeTensor):
+        clones = [c for c in swap.users if is_op(c, aten.clone.default) and
+                  c.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format]
+        for clone in clones:
+            clone.replace_all_uses_with(swap)
+        if clones and isinstance(val, torch._subclasses.FakeTensor):
             swap.meta["val"] = val.transpose(1, 2)
+        dropped += len(clones)
     return dropped
 
 

@@ -18,7 +18,7 @@ import math
 import torch
 import torch.fx
 
-from forge.runtime.rewrite_base import Graph, Rewrite, is_op, only_user, outputs_row_major
+from forge.runtime.rewrite_base import Graph, Rewrite, is_op, only_user, outputs_row_major, sdpa_call
 
 aten = torch.ops.aten
 
@@ -73,10 +73,8 @@ class AttentionGemm(Rewrite):
     def apply(self, g: Graph) -> int:
         sites = 0
         for sdpa in list(g.graph.nodes):
-            if not is_op(sdpa, aten.scaled_dot_product_attention.default):
+            if (call := sdpa_call(sdpa)) is None:
                 continue
-            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-            call = dict(zip(names, sdpa.args, strict=False)) | dict(sdpa.kwargs)
             q, k, v = (call[n].meta.get("val") for n in ("query", "key", "value"))
             mask = call.get("attn_mask")
             if call.get("dropout_p", 0.0) or not all(isinstance(t, torch.Tensor) for t in (q, k, v)) or \

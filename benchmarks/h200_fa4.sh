@@ -33,7 +33,7 @@ if [ -z "$have" ] || { [ -n "$carried" ] && [ "$carried" != "$have" ]; }; then
   [ -s "$STAGE/ir.so" ] || { echo "the compiler library is not staged: run 'stage' first, on the same warm machine"; exit 3; }
   [ -n "$carried" ] || { echo "FlashAttention 4 is not unpacked on this machine: carry .fa4b"; exit 3; }
   rm -rf "$SITE" && mkdir -p "$SITE"
-  for w in .fa4b/*.whl .fa4b/cu13-rest.zip; do unzip -q -o "$w" -d "$SITE" || exit 1; done
+  for w in .fa4b/*.whl .fa4b/cu13-rest.zip; do python3 -m zipfile -e "$w" "$SITE" || exit 1; done  # no unzip there
   xz -dc .fa4b/rt.so.xz >"$SITE/$(cat .fa4b/rt.path)" && cp "$STAGE/ir.so" "$SITE/$(cat "$STAGE/ir.path")" || exit 1
   echo "$carried" >"$SITE/.unpacked"
 fi

@@ -29,6 +29,7 @@ import functools
 import importlib
 import logging
 import math
+import warnings
 from types import ModuleType
 
 import torch
@@ -47,10 +48,15 @@ ARCHS = (9, 10)  # compute capability majors: Hopper, Blackwell (data centre)
 def fa4() -> ModuleType | None:
     """FlashAttention 4's interface, or None where it does not import."""
     try:
-        return importlib.import_module("flash_attn.cute.interface")
+        mod = importlib.import_module("flash_attn.cute.interface")
     except Exception as e:  # noqa: BLE001 - CuTe DSL or a missing library may raise anything on import
         log.debug("FlashAttention 4 does not import: %s: %s", type(e).__name__, e)
         return None
+    # CuTe DSL warns at each kernel compile that FlashAttention's aux_data is passed as a plain Python value
+    # (4.0.0b40 with CuTe DSL 4.8.1): their business, not the user's
+    warnings.filterwarnings("ignore", message=r"Argument aux_data .* cannot be converted to a JitArgument",
+                            category=UserWarning)
+    return mod
 
 
 def available(device: str) -> bool:

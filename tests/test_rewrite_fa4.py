@@ -5,6 +5,7 @@ On the CPU FlashAttention 4 cannot run: the wiring tests put a stand-in behind f
 FlashAttention's contract ((batch, tokens, heads, width) inputs with a contiguous last dimension, the result in
 that layout) and computes with SDPA; the real library runs in the CUDA test."""
 
+import logging
 import math
 from types import SimpleNamespace
 
@@ -167,13 +168,19 @@ def test_fa4_attention_leaves_what_flash_attention_computes_otherwise(case, widt
 
 
 @pytest.mark.parametrize("capability, offered", [((9, 0), True), ((10, 0), True), ((8, 0), False), ((12, 0), False)])
-def test_fa4_attention_is_offered_only_where_flash_attention_runs(monkeypatch, stand_in, capability, offered):
+def test_fa4_attention_is_offered_only_where_flash_attention_runs(monkeypatch, caplog, stand_in, capability,
+                                                                  offered):
     r = REWRITES["fa4-attention"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert r.applies_to("cuda") is offered and r.applies_to("cuda:0") is offered and not r.applies_to("cpu")
     monkeypatch.setattr(rf, "fa4", lambda: None)  # not installed
-    assert not r.applies_to("cuda")
+    rf._say_missing.cache_clear()
+    with caplog.at_level(logging.INFO, logger=rf.__name__):
+        assert not r.applies_to("cuda") and not r.applies_to("cuda")
+    said = [m for m in caplog.messages if "FlashAttention 4 does not import" in m]
+    assert len(said) == (1 if offered else 0)  # said once, and only where it would run
+    assert not said or "forge-kernels[fa4]" in said[0]
 
 
 def test_fa4_attention_fake_gives_the_layout_of_the_op():

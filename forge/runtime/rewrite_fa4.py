@@ -45,25 +45,41 @@ ARCHS = (9, 10)  # compute capability majors: Hopper, Blackwell (data centre)
 
 
 @functools.cache
-def fa4() -> ModuleType | None:
-    """FlashAttention 4's interface, or None where it does not import."""
+def _load() -> tuple[ModuleType | None, str]:
+    """FlashAttention 4's interface and "", or None and why it does not import."""
     try:
         mod = importlib.import_module("flash_attn.cute.interface")
     except Exception as e:  # noqa: BLE001 - CuTe DSL or a missing library may raise anything on import
-        log.debug("FlashAttention 4 does not import: %s: %s", type(e).__name__, e)
-        return None
+        return None, f"{type(e).__name__}: {e}"
     # CuTe DSL warns at each kernel compile that FlashAttention's aux_data is passed as a plain Python value
     # (4.0.0b40 with CuTe DSL 4.8.1): their business, not the user's
     warnings.filterwarnings("ignore", message=r"Argument aux_data .* cannot be converted to a JitArgument",
                             category=UserWarning)
-    return mod
+    return mod, ""
+
+
+def fa4() -> ModuleType | None:
+    """FlashAttention 4's interface, or None where it does not import."""
+    return _load()[0]
 
 
 def available(device: str) -> bool:
-    """Whether FlashAttention 4 imports and `device` is a GPU it runs on."""
-    if not device.startswith("cuda") or not torch.cuda.is_available() or fa4() is None:
+    """Whether FlashAttention 4 imports and `device` is a GPU it runs on. On such a GPU without it, says once
+    what the user misses."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
         return False
-    return torch.cuda.get_device_capability(torch.device(device))[0] in ARCHS
+    if torch.cuda.get_device_capability(torch.device(device))[0] not in ARCHS:
+        return False
+    if fa4() is None:
+        _say_missing()
+        return False
+    return True
+
+
+@functools.cache
+def _say_missing() -> None:
+    log.info("fa4-attention (attention through FlashAttention 4) is not tried on this GPU: FlashAttention 4 does "
+             "not import (%s); pip install 'forge-kernels[fa4]' adds it", _load()[1][:200])
 
 
 def width_fits(d: int) -> bool:

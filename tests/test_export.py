@@ -278,6 +278,27 @@ def test_module_settings_that_are_no_python_literal_render_as_code():
     assert "import os" not in ns["Clamp"].__doc__.split("(")[0] and '"""; import os' not in text
 
 
+@pytest.mark.parametrize("variant, says", [
+    ({"name": "kernels, graph", "kernels": True, "rewrites": [], "runtime": "graph"}, None),
+    ({"name": "kernels + gelu-epilogue, cuda-graph", "kernels": True, "rewrites": ["gelu-epilogue"],
+      "runtime": "cuda-graph"}, "forge's kernels with the graph rewrites gelu-epilogue and the runtime cuda-graph"),
+    ({"name": "gelu-epilogue + fa4-attention, inductor-cuda-graph", "kernels": False,
+      "rewrites": ["gelu-epilogue", "fa4-attention"], "runtime": "inductor-cuda-graph"},
+     "no kernel of forge's but the graph rewrites gelu-epilogue, fa4-attention and the runtime inductor-cuda-graph"),
+])
+def test_the_card_says_what_of_the_speedup_the_kernels_carry(variant, says):
+    from forge.export.render import card
+
+    info = {"run_id": "r1", "model": "m", "eager_ms": 2.0, "forge_ms": 1.0, "device": "cuda", "variant": variant}
+    text = card("forge-r1", info, [], {}, ["torch-universal"])
+    line = next(ln for ln in text.splitlines() if "The model end to end" in ln)
+    assert "2.000 ms eager, 1.000 ms with forge (2.00x)" in line
+    if says is None:  # the kernels run as the patched graph: the speedup is theirs
+        assert "forge.load" not in line
+    else:
+        assert f"as `{variant['name']}`: {says}" in line and "carries the kernels alone" in line
+
+
 def test_a_cpu_kernel_runs_only_where_the_cpu_has_the_flags_it_was_built_with(exported, tmp_path):
     from forge.export.package._runtime import _PLATFORM, Form, cpu_flags
 

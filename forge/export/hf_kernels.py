@@ -171,7 +171,9 @@ def kernels_of(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any]
     kernels = artifact.read(folder, model, inputs)
     if not kernels:
         raise UserError(f"run {run.id}'s artifact has no kernels ({data.get('note') or 'nothing was faster'})")
-    info = {"run_id": run.id, "model": run.model, "eager_ms": run.eager_ms, "forge_ms": run.forge_ms}
+    variant = data.get("variant")
+    info = {"run_id": run.id, "model": run.model, "eager_ms": run.eager_ms, "forge_ms": run.forge_ms,
+            "variant": variant if isinstance(variant, dict) else {}}
     return info, data, kernels
 
 

@@ -176,6 +176,19 @@ def _us(v: float | None) -> str:
     return f"{v:.1f}" if v else "-"
 
 
+def beyond_kernels(variant: dict) -> str:
+    """What of forge's result (a forge.runtime.variants.Variant as the manifest has it) the exported kernels do not
+    carry: whole-graph rewrites and the runtime (CUDA graph replay, Inductor) are forge.load's; "" where none."""
+    rewrites, runtime = [str(r) for r in variant.get("rewrites") or ()], str(variant.get("runtime") or "graph")
+    parts = ([f"the graph rewrites {', '.join(rewrites)}"] if rewrites else []) + \
+        ([f"the runtime {runtime}"] if runtime != "graph" else [])
+    if not parts and variant.get("kernels", True):
+        return ""
+    lead = "forge's kernels with " if variant.get("kernels", True) else "no kernel of forge's but "
+    return (f", as `{variant.get('name', '?')}`: {lead}{' and '.join(parts) or 'nothing else'}. This repository "
+            "carries the kernels alone; the rest of that speedup is `forge.load`'s")
+
+
 def card(name: str, info: dict, kernels: list[Exported], specs: dict[str, tuple[LayerSpec, str]],
          variants: list[str]) -> str:
     """README.md: where the kernels were tuned, what they take, how fast they were there, how to load them."""
@@ -189,7 +202,8 @@ def card(name: str, info: dict, kernels: list[Exported], specs: dict[str, tuple[
     mapping = ", ".join(f'"{s.layer_name}": {{"{device}": LocalLayerRepository(repo, layer_name="{s.layer_name}")}}'
                         for s, _ in specs.values())
     e2e = (f"{info['eager_ms']:.3f} ms eager, {info['forge_ms']:.3f} ms with forge "
-           f"({info['eager_ms'] / info['forge_ms']:.2f}x)" if info.get("eager_ms") and info.get("forge_ms") else "-")
+           f"({info['eager_ms'] / info['forge_ms']:.2f}x){beyond_kernels(info.get('variant') or {})}"
+           if info.get("eager_ms") and info.get("forge_ms") else "-")
     return _CARD.render(
         name=name, pyname=pyname, info=info, rows=rows, layers=layers, mapping=mapping, e2e=e2e, device=device,
         first=kernels[0].name if kernels else "name", variants=", ".join(f"`{v}`" for v in variants))

@@ -23,6 +23,7 @@ from forge.evaluate.build import build
 from forge.kernel import KernelArtifact, TaskSpec
 from forge.policy.recipes import pointwise, rowreduce
 from forge.runtime import artifact
+from forge.runtime.variants import Variant
 from forge.store import Store
 from forge.tasks.cut import build_tasks
 
@@ -279,24 +280,39 @@ def test_module_settings_that_are_no_python_literal_render_as_code():
 
 
 @pytest.mark.parametrize("variant, says", [
-    ({"name": "kernels, graph", "kernels": True, "rewrites": [], "runtime": "graph"}, None),
-    ({"name": "kernels + gelu-epilogue, cuda-graph", "kernels": True, "rewrites": ["gelu-epilogue"],
-      "runtime": "cuda-graph"}, "forge's kernels with the graph rewrites gelu-epilogue and the runtime cuda-graph"),
-    ({"name": "gelu-epilogue + fa4-attention, inductor-cuda-graph", "kernels": False,
-      "rewrites": ["gelu-epilogue", "fa4-attention"], "runtime": "inductor-cuda-graph"},
-     "no kernel of forge's but the graph rewrites gelu-epilogue, fa4-attention and the runtime inductor-cuda-graph"),
+    (Variant(True, (), "graph"), None),
+    (Variant(True, (), "graph", blocks=True), None),
+    (Variant(True, ("gelu-epilogue",), "cuda-graph"),
+     "forge's kernels with the graph rewrite `gelu-epilogue`, and with the runtime `cuda-graph`. This repository "
+     "carries the kernels alone"),
+    (Variant(True, ("merge-linears", "fa4-attention"), "inductor-cuda-graph"),
+     "forge's kernels with the graph rewrites `merge-linears`, `fa4-attention`, and with the runtime "
+     "`inductor-cuda-graph`."),
+    (Variant(True, (), "inductor", without=("mean-1",)),
+     "forge's kernels with the runtime `inductor`. This repository carries the kernels alone; the rest of that "
+     "speedup is `forge.load`'s. forge's result leaves out `mean-1`, exported all the same"),
 ])
 def test_the_card_says_what_of_the_speedup_the_kernels_carry(variant, says):
     from forge.export.render import card
 
-    info = {"run_id": "r1", "model": "m", "eager_ms": 2.0, "forge_ms": 1.0, "device": "cuda", "variant": variant}
-    text = card("forge-r1", info, [], {}, ["torch-universal"])
-    line = next(ln for ln in text.splitlines() if "The model end to end" in ln)
+    info = {"run_id": "r1", "model": "m", "eager_ms": 2.0, "forge_ms": 1.0, "device": "cuda",
+            "variant": variant.to_json()}
+    line = next(ln for ln in card("forge-r1", info, [], {}, ["torch-universal"]).splitlines()
+                if "The model end to end" in ln)
     assert "2.000 ms eager, 1.000 ms with forge (2.00x)" in line
     if says is None:  # the kernels run as the patched graph: the speedup is theirs
-        assert "forge.load" not in line
+        assert "forge.load" not in line and line.endswith("(2.00x).")
     else:
-        assert f"as `{variant['name']}`: {says}" in line and "carries the kernels alone" in line
+        assert f"(2.00x), as `{variant.name}`: {says}" in line
+
+
+def test_the_card_reads_the_variant_as_forge_load_rebuilds_it():
+    from forge.export.hf_kernels import variant_of
+
+    v = Variant(True, ("gelu-epilogue",), "inductor-cuda-graph")
+    assert variant_of({"variant": v.to_json()}) == v.to_json()
+    assert variant_of({"cuda_graph": True})["runtime"] == "cuda-graph"  # an artifact from before variants
+    assert variant_of({})["runtime"] == "graph" and variant_of({"variant": {"runtime": "warp"}}) == {}
 
 
 def test_a_cpu_kernel_runs_only_where_the_cpu_has_the_flags_it_was_built_with(exported, tmp_path):

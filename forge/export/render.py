@@ -177,16 +177,17 @@ def _us(v: float | None) -> str:
 
 
 def beyond_kernels(variant: dict) -> str:
-    """What of forge's result (a forge.runtime.variants.Variant as the manifest has it) the exported kernels do not
-    carry: whole-graph rewrites and the runtime (CUDA graph replay, Inductor) are forge.load's; "" where none."""
-    rewrites, runtime = [str(r) for r in variant.get("rewrites") or ()], str(variant.get("runtime") or "graph")
-    parts = ([f"the graph rewrites {', '.join(rewrites)}"] if rewrites else []) + \
-        ([f"the runtime {runtime}"] if runtime != "graph" else [])
-    if not parts and variant.get("kernels", True):
-        return ""
-    lead = "forge's kernels with " if variant.get("kernels", True) else "no kernel of forge's but "
-    return (f", as `{variant.get('name', '?')}`: {lead}{' and '.join(parts) or 'nothing else'}. This repository "
-            "carries the kernels alone; the rest of that speedup is `forge.load`'s")
+    """What of forge's result (forge.runtime.variants.Variant.to_json) the exported kernels do not carry: its
+    whole-graph rewrites and runtime (CUDA graph replay, Inductor) are forge.load's, and kernels it leaves out
+    are here all the same; "" where its speedup is the kernels' alone."""
+    rewrites = [f"`{r}`" for r in variant.get("rewrites") or ()]
+    runtime, without = str(variant.get("runtime") or "graph"), [f"`{k}`" for k in variant.get("without") or ()]
+    parts = ([f"the graph rewrite{'s' if len(rewrites) > 1 else ''} {', '.join(rewrites)}"] if rewrites else []) + \
+        ([f"the runtime `{runtime}`"] if runtime != "graph" else [])
+    said = ([f"forge's kernels with {', and with '.join(parts)}. This repository carries the kernels alone; the "
+             "rest of that speedup is `forge.load`'s"] if parts else []) + \
+        ([f"forge's result leaves out {', '.join(without)}, exported all the same"] if without else [])
+    return f", as `{variant.get('name', '?')}`: {'. '.join(said)}" if said else ""
 
 
 def card(name: str, info: dict, kernels: list[Exported], specs: dict[str, tuple[LayerSpec, str]],

@@ -43,6 +43,12 @@ aten = torch.ops.aten
 
 ARCHS = (9, 10)  # compute capability majors: Hopper, Blackwell (data centre)
 
+# CuTe DSL warns at each kernel compile that FlashAttention's aux_data is passed as a plain Python value
+# (4.0.0b40 with CuTe DSL 4.8.1): their business, not the user's. Set here, not on import, which may run inside
+# a warnings.catch_warnings() that would drop it.
+warnings.filterwarnings("ignore", message=r"Argument aux_data .* cannot be converted to a JitArgument",
+                        category=UserWarning)
+
 
 @functools.cache
 def _load() -> tuple[ModuleType | None, str]:
@@ -51,10 +57,6 @@ def _load() -> tuple[ModuleType | None, str]:
         mod = importlib.import_module("flash_attn.cute.interface")
     except Exception as e:  # noqa: BLE001 - CuTe DSL or a missing library may raise anything on import
         return None, f"{type(e).__name__}: {e}"
-    # CuTe DSL warns at each kernel compile that FlashAttention's aux_data is passed as a plain Python value
-    # (4.0.0b40 with CuTe DSL 4.8.1): their business, not the user's
-    warnings.filterwarnings("ignore", message=r"Argument aux_data .* cannot be converted to a JitArgument",
-                            category=UserWarning)
     return mod, ""
 
 

@@ -307,7 +307,7 @@ def test_the_card_says_what_of_the_speedup_the_kernels_carry(variant, says):
 
 
 def test_the_card_reads_the_variant_as_forge_load_rebuilds_it():
-    from forge.export.hf_kernels import variant_of
+    from forge.runtime.artifact import variant_of
 
     v = Variant(True, ("gelu-epilogue",), "inductor-cuda-graph")
     assert variant_of({"variant": v.to_json()}) == v.to_json()

@@ -156,19 +156,6 @@ def _stats(store: Store, run_id: str) -> dict[str, tuple[float | None, float | N
     return out
 
 
-def variant_of(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The variant forge's result is (Variant.to_json), as forge.load rebuilds it from the manifest: an artifact
-    from before variants is its kernels, replayed as a CUDA graph when it says so; {} for a malformed one."""
-    from forge.runtime.variants import Variant
-
-    if "variant" not in manifest:
-        return Variant(True, (), "cuda-graph" if manifest.get("cuda_graph") else "graph").to_json()
-    try:
-        return Variant.parse(manifest["variant"]).to_json()
-    except ValueError:
-        return {}
-
-
 def kernels_of(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any]
                ) -> tuple[dict[str, Any], dict[str, Any], list[KernelArtifact]]:
     """The run's record (as a dict), its artifact's manifest and its kernels (each file checked), with their
@@ -185,7 +172,7 @@ def kernels_of(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any]
     if not kernels:
         raise UserError(f"run {run.id}'s artifact has no kernels ({data.get('note') or 'nothing was faster'})")
     info = {"run_id": run.id, "model": run.model, "eager_ms": run.eager_ms, "forge_ms": run.forge_ms,
-            "variant": variant_of(data)}
+            "variant": artifact.variant_of(data)}
     return info, data, kernels
 
 

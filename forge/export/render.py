@@ -181,12 +181,19 @@ def beyond_kernels(variant: dict) -> str:
     whole-graph rewrites and runtime (CUDA graph replay, Inductor) are forge.load's, and kernels it leaves out
     are here all the same; "" where its speedup is the kernels' alone."""
     rewrites = [f"`{r}`" for r in variant.get("rewrites") or ()]
-    runtime, without = str(variant.get("runtime") or "graph"), [f"`{k}`" for k in variant.get("without") or ()]
-    parts = ([f"the graph rewrite{'s' if len(rewrites) > 1 else ''} {', '.join(rewrites)}"] if rewrites else []) + \
-        ([f"the runtime `{runtime}`"] if runtime != "graph" else [])
-    said = ([f"forge's kernels with {', and with '.join(parts)}. This repository carries the kernels alone; the "
-             "rest of that speedup is `forge.load`'s"] if parts else []) + \
-        ([f"forge's result leaves out {', '.join(without)}, exported all the same"] if without else [])
+    runtime = str(variant.get("runtime") or "graph")
+    without = [f"`{k}`" for k in variant.get("without") or ()]
+    parts = []
+    if rewrites:
+        parts.append(f"the graph rewrite{'s' if len(rewrites) > 1 else ''} {', '.join(rewrites)}")
+    if runtime != "graph":
+        parts.append(f"the runtime `{runtime}`")
+    said = []
+    if parts:
+        said.append(f"forge's kernels with {', and with '.join(parts)}. This repository carries the kernels alone; "
+                    "the rest of that speedup is `forge.load`'s")
+    if without:
+        said.append(f"forge's result leaves out {', '.join(without)}, exported all the same")
     return f", as `{variant.get('name', '?')}`: {'. '.join(said)}" if said else ""
 
 

@@ -169,6 +169,7 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
                 raise RuntimeError(msg)
             log.warning(msg)
     if "variant" not in data:  # an artifact from before variants: kernels, and a CUDA graph when it says so
+        # (variant_of names it so)
         opt = apply(model, inputs, keep, strict=strict, cuda_graph=bool(data.get("cuda_graph")), cap=cap)
         return ForgeModel.patched_graph(opt)
     from forge.runtime.variants import Variant, build
@@ -180,6 +181,19 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
     device = "cuda" if any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs) else "cpu"
     fn, _, _ = build(model, inputs, keep, variant, device, strict=strict, cap=cap)
     return fn
+
+
+def variant_of(data: dict[str, Any]) -> dict[str, Any]:
+    """The variant (Variant.to_json) `load` rebuilds from a manifest's `data`: an artifact from before variants is
+    its kernels, replayed as a CUDA graph when it says so (load's first branch); {} for a malformed one."""
+    from forge.runtime.variants import Variant
+
+    if "variant" not in data:
+        return Variant(True, (), "cuda-graph" if data.get("cuda_graph") else "graph").to_json()
+    try:
+        return Variant.parse(data["variant"]).to_json()
+    except ValueError:
+        return {}
 
 
 def _layout(manifest: Path, data: dict[str, Any]) -> str:

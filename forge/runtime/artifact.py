@@ -168,8 +168,7 @@ def load(path: str | Path, model: Any, inputs: list[Any], strict: bool = False, 
             if strict:
                 raise RuntimeError(msg)
             log.warning(msg)
-    if "variant" not in data:  # an artifact from before variants: kernels, and a CUDA graph when it says so
-        # (variant_of names it so)
+    if "variant" not in data:  # from before variants: kernels, a CUDA graph if it says so (what variant_of reads)
         opt = apply(model, inputs, keep, strict=strict, cuda_graph=bool(data.get("cuda_graph")), cap=cap)
         return ForgeModel.patched_graph(opt)
     from forge.runtime.variants import Variant, build

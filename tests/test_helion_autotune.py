@@ -140,3 +140,28 @@ def test_helions_autotuner_gives_a_config_that_is_judged_like_any_candidate(tmp_
         res = ev.evaluate(spec, tuned.candidate)
         assert res.status.passed, res.message
         assert res.timing is not None and torch.cuda.is_available()
+
+
+def test_the_search_is_seeded_with_the_config_the_candidate_was_judged_with(tmp_path) -> None:
+    """forge.evaluate.helion_tune.settle: Helion's own reading of the seeds (the one its searches start from and
+    time again among the finalists) is the candidate's config, so a short search answers no worse than it."""
+    import importlib.util
+
+    from helion.autotuner.base_search import normalize_autotune_seed_configs
+
+    from forge.evaluate.helion_tune import settle
+
+    cand = _candidate()
+    path = tmp_path / "cand.py"
+    path.write_text(cand.source)
+    loader = importlib.util.spec_from_file_location("cand_seeded", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    for name in kernel_names(cand.source):
+        kernel = getattr(module, name)
+        assert normalize_autotune_seed_configs(kernel.settings) == ()
+        settle(kernel, "quick", 30)
+        seeds = normalize_autotune_seed_configs(kernel.settings)
+        assert len(seeds) == 1 and dict(seeds[0].config) == dict(kernel.configs[0].config)
+        assert dict(seeds[0].config)["num_warps"] == 2  # HelionKnobs(warps=2): the recipe's own config
+        assert (kernel.settings.autotune_effort, kernel.settings.autotune_budget_seconds) == ("quick", 30)

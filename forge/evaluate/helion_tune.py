@@ -3,9 +3,11 @@
 A Helion candidate names one config per kernel (docs/kernel-abi.md), so that the worker never autotunes while
 it is judged. Asked to (forge.evaluate.autotune, from the search's end of a task), the worker that judges
 Python candidates runs Helion's own autotuner on each kernel the candidate's launcher calls, with the
-arguments that launcher passes, its configs ignored (`force=True`), for the effort and seconds asked. What
-comes back is data: each kernel's name and the config the autotuner chose, which the judge writes into a new
-candidate that is judged as any other. Nothing here decides a verdict.
+arguments that launcher passes, for the effort and seconds asked. The kernel's own config (the one it was
+judged with) seeds the search: Helion puts a seed into its first population and times it again among the
+finalists, so a short search that finds nothing better answers with it rather than with the best of a few
+random configs. What comes back is data: each kernel's name and the config the autotuner chose, which the
+judge writes into a new candidate that is judged as any other. Nothing here decides a verdict.
 """
 
 from __future__ import annotations
@@ -51,6 +53,15 @@ def recorded_calls(module: types.ModuleType, launch: Callable[..., Any], inputs:
     return calls
 
 
+def settle(kernel: Any, effort: str, budget_s: int) -> None:
+    """Helion's settings for one search on `kernel`: the effort, the seconds, no progress bar, and the kernel's
+    own configs (its `config=`) as the search's seeds (`autotune_seed_configs`)."""
+    kernel.settings.autotune_effort = effort
+    kernel.settings.autotune_budget_seconds = budget_s
+    kernel.settings.autotune_progress_bar = False
+    kernel.settings.autotune_seed_configs = list(kernel.configs) or None
+
+
 def autotune(module: types.ModuleType, launch: Callable[..., Any], inputs: Sequence[torch.Tensor],
              outputs: Sequence[torch.Tensor], effort: str, budget_s: int) -> str:
     """JSON: [[kernel name, config], ...], one per kernel called (the first call's arguments of each). Helion's
@@ -61,9 +72,7 @@ def autotune(module: types.ModuleType, launch: Callable[..., Any], inputs: Seque
     for name, kernel, args in recorded_calls(module, launch, inputs, outputs):
         if name in found:
             continue
-        kernel.settings.autotune_effort = effort
-        kernel.settings.autotune_budget_seconds = budget_s
-        kernel.settings.autotune_progress_bar = False
+        settle(kernel, effort, budget_s)
         config = kernel.autotune(args, force=True)
         found[name] = dict(config.config)
         log.info("helion autotuned %s (%s): %s", name, os.environ.get("HELION_AUTOTUNER", "its default"), config)

@@ -220,10 +220,7 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
             return result(late.status, f"after timing: {late.message}", verify=detail)
         lap("late")
         detail = {**detail, "phases_s": lap.rounded()}
-        floor_us = task.floor_bytes / rate * 1e6 if rate else None
-        if floor_us and timing.median_us < req.floor_factor * floor_us:  # the rate again: it was measured once
-            rate = remeasured(device)
-            floor_us = task.floor_bytes / rate * 1e6
+        floor_us, rate = _floor(task, device, rate, timing.median_us, req.floor_factor)
         if floor_us and timing.median_us < req.floor_factor * floor_us:
             return result(Status.TOO_FAST, f"median {timing.median_us:.2f} us is below the roofline floor "
                           f"{floor_us:.2f} us ({task.floor_bytes} bytes at {rate / 1e9:.0f} GB/s)",
@@ -239,6 +236,17 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
     finally:
         worker.arena.reset()
         worker.arena.shrink()
+
+
+def _floor(task: TaskSpec, device: str, rate: float, median_us: float, factor: float
+           ) -> tuple[float | None, float]:
+    """The task's roofline floor in microseconds and the bandwidth it is at: `rate` (measured before timing), or
+    measured again when the median is below `factor` times the floor (the rate was measured once)."""
+    floor_us = task.floor_bytes / rate * 1e6 if rate else None
+    if rate and floor_us and median_us < factor * floor_us:
+        rate = remeasured(device)
+        floor_us = task.floor_bytes / rate * 1e6
+    return floor_us, rate
 
 
 def _checked_timing(remote: Remote, ref: Reference, task: TaskSpec, device: str, req: EvalRequest,

@@ -143,25 +143,39 @@ def test_helions_autotuner_gives_a_config_that_is_judged_like_any_candidate(tmp_
 
 
 def test_the_search_is_seeded_with_the_config_the_candidate_was_judged_with(tmp_path) -> None:
-    """forge.evaluate.helion_tune.settle: Helion's own reading of the seeds (the one its searches start from and
-    time again among the finalists) is the candidate's config, so a short search answers no worse than it."""
+    """forge.evaluate.helion_tune.settle: the seeds Helion's search takes into its first population, read as it
+    reads them (the settings, then transferred onto the kernel bound to the launcher's arguments), are the
+    candidate's own config, the one it was judged with."""
     import importlib.util
 
     from helion.autotuner.base_search import normalize_autotune_seed_configs
 
-    from forge.evaluate.helion_tune import settle
+    from forge.evaluate.helion_tune import recorded_calls, settle
 
-    cand = _candidate()
-    path = tmp_path / "cand.py"
-    path.write_text(cand.source)
-    loader = importlib.util.spec_from_file_location("cand_seeded", path)
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    for name in kernel_names(cand.source):
-        kernel = getattr(module, name)
-        assert normalize_autotune_seed_configs(kernel.settings) == ()
-        settle(kernel, "quick", 30)
-        seeds = normalize_autotune_seed_configs(kernel.settings)
-        assert len(seeds) == 1 and dict(seeds[0].config) == dict(kernel.configs[0].config)
-        assert dict(seeds[0].config)["num_warps"] == 2  # HelionKnobs(warps=2): the recipe's own config
-        assert (kernel.settings.autotune_effort, kernel.settings.autotune_budget_seconds) == ("quick", 30)
+    spec, made = next(s for s in specs() if s.inputs[0].dtype == "float32"), 0
+    for knobs in (HelionKnobs(block=64, warps=2), HelionRowKnobs(rows=2)):
+        try:
+            cand = helion_kernels.candidate(spec, knobs)
+        except Exception:  # noqa: BLE001 - not this lowering's task
+            continue
+        path = tmp_path / f"cand_{type(knobs).__name__}.py"
+        path.write_text(cand.source)
+        loader = importlib.util.spec_from_file_location(f"cand_seeded_{type(knobs).__name__}", path)
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+        inputs = [torch.randn(m.shape) for m in spec.inputs]
+        outputs = [torch.empty(m.shape) for m in spec.outputs]
+        calls = recorded_calls(module, module.launch, inputs, outputs)
+        assert calls
+        made += 1
+        for _, kernel, args in calls:
+            assert normalize_autotune_seed_configs(kernel.settings) == ()
+            settle(kernel, "quick", 30)
+            assert (kernel.settings.autotune_effort, kernel.settings.autotune_budget_seconds) == ("quick", 30)
+            bound = kernel.bind(args)
+            generation = bound.env.config_spec.create_config_generation(
+                overrides=kernel.settings.autotune_config_overrides or None)
+            seeds = generation.user_seed_flat_config_pairs(normalize_autotune_seed_configs(kernel.settings))
+            assert [c for _, c in seeds] == [bound._normalized_config_copy(kernel.configs[0])]
+            assert dict(seeds[0][1].config)["num_warps"] == dict(kernel.configs[0].config)["num_warps"]
+    assert made

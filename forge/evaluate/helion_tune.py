@@ -4,9 +4,10 @@ A Helion candidate names one config per kernel (docs/kernel-abi.md), so that the
 it is judged. Asked to (forge.evaluate.autotune, from the search's end of a task), the worker that judges
 Python candidates runs Helion's own autotuner on each kernel the candidate's launcher calls, with the
 arguments that launcher passes, for the effort and seconds asked. The kernel's own config (the one it was
-judged with) seeds the search: Helion puts a seed into its first population and times it again among the
-finalists, so a short search that finds nothing better answers with it rather than with the best of a few
-random configs. What comes back is data: each kernel's name and the config the autotuner chose, which the
+judged with) seeds the search: Helion puts a seed into its first population (a bad one is logged and left
+out), and times it again among its finalists when the budget has time left for that; so a short search has the
+config forge found among those it can answer with, not only Helion's default and cached configs (quick effort)
+or random ones (full). What comes back is data: each kernel's name and the config the autotuner chose, which the
 judge writes into a new candidate that is judged as any other. Nothing here decides a verdict.
 """
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from forge.backends import BACKENDS, NAMES
@@ -24,6 +25,28 @@ OUT_HELP = ("folder for the run's artifact, written to DIR/<run id>/ (default: $
 WHERE = ("where things go: the store is --db, else $FORGE_DB, else runs/forge.db (relative to the current folder); "
          "a run's artifact is --out/<run id>/, else $FORGE_OUT/<run id>/, else next to the SQLite store. The review "
          "commands (runs, tree, show, report, ui) and --resume find the store the same way.")
+
+
+# The numeric options' bounds, checked for whichever command has them, before it starts: what a value must be,
+# and the words that say so. (The zoo's sizes are checked against each model: forge.capture.zoo.)
+NUMBERS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "seconds": (lambda v: v > 0, "a number of seconds above 0"),
+    "budget": (lambda v: v > 0, "a number above 0"),
+    "timeout": (lambda v: v > 0, "a number of seconds above 0"),
+    "max_usd": (lambda v: v > 0, "an amount above 0"),
+    "workers": (lambda v: v >= 1, "at least 1"),
+    "top": (lambda v: v >= 0, "0 for all, or more"),
+    "limit": (lambda v: v >= 0, "0 for all, or more"),
+    "port": (lambda v: 1 <= v <= 65535, "a TCP port, 1 to 65535"),
+}
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Each numeric option given within its bounds (NUMBERS) and finite; else UserError naming it."""
+    for name, (ok, words) in NUMBERS.items():
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise UserError(f"Invalid --{name.replace('_', '-')}: {value} ({words})")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -263,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
+        check_numbers(args)
         return int(args.func(args) or 0)
     except UserError as e:
         print(f"forge: error: {e}", file=sys.stderr)

@@ -184,8 +184,8 @@ def _scale(args: argparse.Namespace) -> Scale:
     from forge.evaluate.pool import Scale
 
     cuda = args.device.startswith("cuda")
-    if args.workers is not None and (args.workers < 1 or cuda):
-        raise UserError(f"Invalid --workers: {args.workers} (CPU workers, at least 1; on CUDA: --gpus)")
+    if args.workers is not None and cuda:  # at least 1: forge.cli.NUMBERS
+        raise UserError(f"Invalid --workers: {args.workers} (CPU workers; on CUDA: --gpus)")
     if args.gpus is not None and (not cuda or args.ray):
         raise UserError("--gpus needs --device cuda, and no --ray (on a cluster every GPU judges)")
     if args.gpus is None:

@@ -64,16 +64,17 @@ def _build(lab: Any, entries: list[Any]) -> None:
 
 def _serve(lab: Any, args: argparse.Namespace) -> None:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - the ui extra: forge.serving runs it
 
         from forge.lab.web import create_app
+        from forge.serving import serve
     except ImportError as e:
         raise UserError(f"forge lab needs the ui extra: pip install 'forge-kernels[ui]' ({e})") from e
     found = _found(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: anyone who can reach it can run kernels on this machine", args.host)
-    print(f"forge lab: http://{args.host}:{args.port}/ on {lab.device} (Ctrl-C stops)")
-    uvicorn.run(create_app(lab, found), host=args.host, port=args.port, log_level="warning")
+    serve(create_app(lab, found), args.host, args.port,
+          f"forge lab: http://{args.host}:{args.port}/ on {lab.device} (Ctrl-C stops)")
 
 
 def _found(args: argparse.Namespace) -> list[Any]:

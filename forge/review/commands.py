@@ -114,17 +114,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     """forge ui: the read-only web app on host:port until Ctrl-C."""
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - the ui extra: forge.serving runs it
 
         from forge.review.web import create_app
+        from forge.serving import serve
     except ImportError as e:
         raise UserError(f"forge ui needs the ui extra: pip install 'forge-kernels[ui]' ({e})") from e
     with _user_errors():
         store = _store(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: anyone who can reach it can read every run", args.host)
-    print(f"forge ui: http://{args.host}:{args.port}/ serving the store {store.where} (Ctrl-C stops)")
-    uvicorn.run(create_app(store), host=args.host, port=args.port, log_level="warning")
+    serve(create_app(store), args.host, args.port,
+          f"forge ui: http://{args.host}:{args.port}/ serving the store {store.where} (Ctrl-C stops)")
     return 0
 
 

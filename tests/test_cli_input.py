@@ -1,0 +1,61 @@
+"""Bad numbers and addresses on the command line: one line on stderr, exit 2, before anything starts (no store
+created, nothing served)."""
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from forge.cli import main
+
+EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "rmsnorm_swiglu.py")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["optimize", EXAMPLE, "--seconds", "0"], "Invalid --seconds: 0.0"),
+    (["optimize", EXAMPLE, "--seconds", "-3"], "Invalid --seconds: -3.0"),
+    (["optimize", EXAMPLE, "--seconds", "inf"], "Invalid --seconds: inf"),
+    (["optimize", EXAMPLE, "--seconds", "nan"], "Invalid --seconds: nan"),
+    (["optimize", EXAMPLE, "--budget", "0"], "Invalid --budget: 0"),
+    (["optimize", EXAMPLE, "--budget", "-5"], "Invalid --budget: -5"),
+    (["optimize", EXAMPLE, "--policy", "openai:m", "--max-usd", "-1"], "Invalid --max-usd: -1.0"),
+    (["profile", EXAMPLE, "--budget", "0"], "Invalid --budget: 0.0"),
+    (["profile", EXAMPLE, "--top", "-1"], "Invalid --top: -1"),
+    (["eval", "k.cu", "--task", "t", "--timeout", "-1"], "Invalid --timeout: -1.0"),
+    (["runs", "--limit", "-2"], "Invalid --limit: -2"),
+    (["ui", "--port", "70000"], "Invalid --port: 70000"),
+    (["lab", "--port", "0"], "Invalid --port: 0"),
+])
+def test_a_number_out_of_bounds_is_one_line_and_exit_2(argv, says, capsys, tmp_path):
+    db = tmp_path / "f.db"  # forge profile keeps no store: the rest are told where one would be
+    assert main(argv if argv[0] == "profile" else [*argv, "--db", str(db)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"forge: error: {says} (") and "\n" not in err, err
+    assert not db.exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("command", ["ui", "lab"])
+def test_a_port_in_use_is_one_line_and_exit_2_with_nothing_printed_as_served(command, capsys, tmp_path):
+    pytest.importorskip("uvicorn")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        argv = [command, "--port", str(port)] + (["--db", str(tmp_path / "f.db")] if command == "ui" else [])
+        if command == "ui":
+            from forge.store import Store
+
+            Store(str(tmp_path / "f.db"))  # an empty store: ui serves only one that exists
+        assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.strip() == f"forge: error: cannot serve on 127.0.0.1:{port}: Address already in use (--port picks " \
+        "another port)"
+    assert "http://" not in out
+
+
+def test_a_host_that_does_not_resolve_is_one_line_and_exit_2(capsys):
+    pytest.importorskip("uvicorn")
+    assert main(["lab", "--host", "no-such-host.invalid", "--port", "8766"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("forge: error: cannot serve on no-such-host.invalid:8766: ") and \
+        err[-1].endswith("(--host names another address)")

@@ -59,3 +59,27 @@ def test_a_host_that_does_not_resolve_is_one_line_and_exit_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("forge: error: cannot serve on no-such-host.invalid:8766: ") and \
         err[-1].endswith("(--host names another address)")
+
+
+def test_an_output_path_gets_its_folder_and_one_that_cannot_be_written_is_one_line(capsys, tmp_path):
+    """--json/--html: a missing folder is made (as forge profile --json does); a path under a file, or a folder,
+    is one line and exit 2; forge optimize checks its --json before it starts, not after the run."""
+    import json
+
+    from forge.store import Store
+
+    db = tmp_path / "f.db"
+    Store(str(db))
+    out = tmp_path / "new" / "deeper" / "runs.json"
+    assert main(["runs", "--db", str(db), "--json", str(out)]) == 0
+    assert json.loads(out.read_text()) == []
+    capsys.readouterr()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for argv, path in ((["runs"], blocker / "sub" / "x.json"), (["runs"], tmp_path),
+                       (["optimize", EXAMPLE, "--seconds", "5"], blocker / "x.json")):
+        assert main([*argv, "--db", str(db), "--json", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        says = f"{blocker} is not a folder" if path != tmp_path else "it is a folder"
+        assert err == f"forge: error: cannot write {path}: {says}", err
+    assert Store(str(db)).list_runs() == []  # the optimize was refused before it made a run

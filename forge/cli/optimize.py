@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from forge.cli import DB_HELP, OUT_HELP, WHERE, _add_model_args, _blocks, load_model
 from forge.errors import UserError
+from forge.files import writable, write
 
 if TYPE_CHECKING:
     from forge.evaluate.pool import Scale
@@ -93,6 +94,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from forge.store import Store
     from forge.tasks.render import print_optimize
 
+    if args.json:
+        writable(args.json)  # now, not after the run
     if _isolated_from_keys(args):
         return _run_isolated(args)
     store = Store(args.db)
@@ -127,7 +130,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     out.print(Text(f"run {report.run_id} stored in {store.where}"), overflow="fold")
     out.print(Text(f"review it with: forge report {report.run_id}{_db_flag(args.db)}"), overflow="fold")
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1) + "\n")
+        write(args.json, json.dumps(report.to_json(), indent=1) + "\n")
     return 0
 
 

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from forge.errors import UserError
+from forge.files import write
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,6 @@ def _user_errors() -> Iterator[None]:
 def _write_json(path: str | None, data: Any) -> bool:
     """`data` as JSON to `path` ("-": standard output, and nothing else is printed); whether it went to stdout."""
     import json
-    from pathlib import Path
 
     if not path:
         return False
@@ -33,7 +33,7 @@ def _write_json(path: str | None, data: Any) -> bool:
     if path == "-":
         print(text, end="")
         return True
-    Path(path).write_text(text, encoding="utf-8")
+    write(path, text)
     return False
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from forge import terminal
+from forge.files import write
 from forge.review import html
 from forge.review.data import RunView
 from forge.terminal import Col
@@ -57,10 +58,10 @@ def write_report(view: RunView, html_path: str | Path | None = None, json_path: 
     import json
 
     if html_path:
-        Path(html_path).write_text(report_html(view), encoding="utf-8")
+        write(html_path, report_html(view))
         log.info("wrote %s", html_path)
     if json_path:
-        Path(json_path).write_text(json.dumps(report_json(view), indent=1) + "\n", encoding="utf-8")
+        write(json_path, json.dumps(report_json(view), indent=1) + "\n")
         log.info("wrote %s", json_path)
 
 
@@ -68,7 +69,7 @@ def write_comparison(a: RunView, b: RunView, html_path: str | Path) -> None:
     """Write two runs side by side as one self-contained HTML file (no script, nothing fetched)."""
     from forge.review.compare import compare_page
 
-    Path(html_path).write_text(str(compare_page(a, b, inline_css=True)), encoding="utf-8")
+    write(html_path, str(compare_page(a, b, inline_css=True)))
     log.info("wrote %s", html_path)
 
 

@@ -34,3 +34,18 @@ def write(path: str | Path, text: str) -> None:
         p.write_text(text, encoding="utf-8")
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def folder(path: str | Path) -> Path:
+    """`path` as a folder that exists and can be written (made when missing); UserError when it cannot be."""
+    p = Path(path).expanduser()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((a for a in (p, *p.parents) if a.exists() and not a.is_dir()), p)
+        raise UserError(f"cannot write into {path}: {blocker} is not a folder") from None
+    except OSError as e:
+        raise UserError(f"cannot write into {path}: {e.strerror or e}") from None
+    if not os.access(p, os.W_OK):
+        raise UserError(f"cannot write into {path}: permission denied")
+    return p

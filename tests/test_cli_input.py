@@ -83,3 +83,44 @@ def test_an_output_path_gets_its_folder_and_one_that_cannot_be_written_is_one_li
         says = f"{blocker} is not a folder" if path != tmp_path else "it is a folder"
         assert err == f"forge: error: cannot write {path}: {says}", err
     assert Store(str(db)).list_runs() == []  # the optimize was refused before it made a run
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_and_exit_2_without_its_password(capsys, tmp_path):
+    """forge.errors.StoreUnavailable from the store's opening: a file that is no database, a folder, a path under a
+    file, a database server that does not answer, a dialect SQLAlchemy does not have."""
+    garbage = tmp_path / "notes.txt"
+    garbage.write_text("not a database\n" * 10)
+    port = _closed_port()
+    for db, says in ((str(garbage), "file is not a database"), (str(tmp_path), "unable to open database file"),
+                     (str(garbage / "x.db"), f"{garbage} is not a folder"),
+                     (f"postgresql://someone:hunter2@127.0.0.1:{port}/x", "Connection refused"),
+                     ("nosuchdialect://someone:hunter2@host/x", "Can't load plugin")):
+        assert main(["runs" if "://" in db else "optimize", *([] if "://" in db else [EXAMPLE]), "--db", db]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("forge: error: cannot open the run store ") and says in err and "\n" not in err, err
+        assert "hunter2" not in err
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed once the with ends: nothing listens there
+
+
+def test_an_artifact_folder_that_cannot_be_made_and_device_meta_are_refused_before_the_run(capsys, tmp_path,
+                                                                                        monkeypatch):
+    from forge.store import Store
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    db = tmp_path / "f.db"
+    assert main(["optimize", EXAMPLE, "--db", str(db), "--out", str(blocker / "runs")]) == 2
+    assert capsys.readouterr().err.strip() == f"forge: error: cannot write into {blocker / 'runs'}: {blocker} is " \
+        "not a folder"
+    monkeypatch.setenv("FORGE_OUT", str(blocker))
+    assert main(["optimize", EXAMPLE, "--db", str(db)]) == 2
+    assert capsys.readouterr().err.strip() == f"forge: error: cannot write into {blocker}: {blocker} is not a folder"
+    assert Store(str(db)).list_runs() == []
+    assert main(["optimize", EXAMPLE, "--db", str(tmp_path / "g.db"), "--device", "meta"]) == 2
+    assert capsys.readouterr().err.strip().startswith("forge: error: --device meta captures shapes and times nothing")
+    assert not (tmp_path / "g.db").exists()

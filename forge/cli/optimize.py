@@ -4,13 +4,14 @@ the job run in a child without credentials when an LLM key is needed, and the co
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from forge.cli import DB_HELP, OUT_HELP, WHERE, _add_model_args, _blocks, load_model
 from forge.errors import UserError
-from forge.files import writable, write
+from forge.files import folder, writable, write
 
 if TYPE_CHECKING:
     from forge.evaluate.pool import Scale
@@ -89,16 +90,22 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     from forge import terminal
     from forge.capture import layout
-    from forge.job import optimize
+    from forge.job import OUT_ENV, optimize
     from forge.search.driver import Budget
     from forge.store import Store
     from forge.tasks.render import print_optimize
 
+    if args.device == "meta":
+        raise UserError("--device meta captures shapes and times nothing: forge optimize needs cpu or cuda "
+                        "(forge profile --device meta lists the tasks)")
     if args.json:
         writable(args.json)  # now, not after the run
     if _isolated_from_keys(args):
         return _run_isolated(args)
     store = Store(args.db)
+    out = args.out or (None if args.resume else os.environ.get(OUT_ENV))  # a resumed run keeps its own folder
+    if out:
+        folder(out)  # now, not when the run's artifact is written
     budget = None
     if args.resume:  # the run's own model (unless one is given: it must match), device, dtype and budget
         from forge.job import resumable

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,15 @@ def describe(url: str) -> str:
     """Where a resolved store lives, for messages: the SQLite file's absolute path, or the URL without password."""
     file = sqlite_file(url)
     return str(file) if file is not None else make_url(url).render_as_string(hide_password=True)
+
+
+def unavailable(url: str | Path | None) -> str:
+    """`describe` for a store that could not be opened: where it was asked for, even when its URL does not parse,
+    with any password masked."""
+    try:
+        return describe(resolve_url(url, create=False))
+    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot read: shown as given, its password masked
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(locate(url)))
 
 
 def _sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:

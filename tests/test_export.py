@@ -172,6 +172,25 @@ def test_bad_input_is_one_line_and_exit_2(run, exported, tmp_path, capsys):
     assert "Invalid --name" in err[-1]
 
 
+def test_a_run_whose_fastest_variant_uses_no_kernel_says_which_variant_it_was(tmp_path, capsys):
+    """The artifact of a run that kept Inductor on the model as it is (its found kernels lost end to end) has no
+    kernels: the export says which variant won rather than that nothing was faster."""
+    loaded = load_file(MODEL, eval=True)
+    store = Store(tmp_path / "forge.db")
+    rec = store.create_run(loaded.name, device="cpu", dtype="fp32", policy="recipes",
+                           config={"load": {"file": str(MODEL), "zoo": None, "sizes": {}}, "mode": "eval"})
+    folder = tmp_path / rec.id
+    artifact.save(folder, [], {"run_id": rec.id, "model": loaded.name, "device": "cpu", "dtype": "fp32",
+                               "device_model": artifact.device_model("cpu"), "layout": "", "mode": "eval",
+                               "variant": Variant(False, (), "inductor").to_json()})
+    store.update_run(rec.id, state="done", config={**rec.config, "artifact": str(folder)})
+    assert main(["export", rec.id, str(tmp_path / "repo"), "--db", str(tmp_path / "forge.db")]) == 2
+    assert capsys.readouterr().err.strip() == (f"forge: error: run {rec.id}'s artifact has no kernels to export (the "
+                                               "fastest of its variants end to end was 'model, inductor', which "
+                                               "uses none)")
+    assert not (tmp_path / "repo").exists()
+
+
 @pytest.fixture(scope="module")
 def triton_exported(tmp_path_factory):
     """An export of a run whose tasks have Triton candidates beside their CPU winners: one per task that matched

@@ -170,7 +170,10 @@ def kernels_of(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any]
     _, data = artifact.manifest_of(folder)
     kernels = artifact.read(folder, model, inputs)
     if not kernels:
-        raise UserError(f"run {run.id}'s artifact has no kernels ({data.get('note') or 'nothing was faster'})")
+        named = (data.get("variant") or {}).get("name")
+        why = data.get("note") or (f"the fastest of its variants end to end was {named!r}, which uses none" if named
+                                   else "nothing was faster")
+        raise UserError(f"run {run.id}'s artifact has no kernels to export ({why})")
     info = {"run_id": run.id, "model": run.model, "eager_ms": run.eager_ms, "forge_ms": run.forge_ms,
             "variant": artifact.variant_of(data)}
     return info, data, kernels

@@ -1,5 +1,6 @@
-"""Files a command writes where the user says (--json, --html): the folder made when missing, and a path that
-cannot be written is one line of bad input (UserError) naming it, not a traceback."""
+"""Files and folders a command writes where the user says (--json, --html, --out): checked before a long command
+starts, without creating anything, and made when written (a missing folder too); a path that cannot be written is
+one line of bad input (UserError) naming it, not a traceback."""
 
 from __future__ import annotations
 
@@ -9,21 +10,32 @@ from pathlib import Path
 from forge.errors import UserError
 
 
+def _reachable(path: Path, said: str | Path) -> None:
+    """UserError unless the folder `path` exists and can be written, or can be made: its nearest existing
+    ancestor (itself included) is a folder that can be written."""
+    near = next((a for a in (path, *path.parents) if a.exists()), None)
+    if near is not None and not near.is_dir():
+        raise UserError(f"cannot write {said}: {near} is not a folder")
+    if near is not None and not os.access(near, os.W_OK):
+        raise UserError(f"cannot write {said}: permission denied in {near}")
+
+
 def writable(path: str | Path) -> Path:
-    """`path` with its folder made; UserError when the folder cannot be made or written, or `path` is a folder.
-    A long command checks its outputs with this before it starts, so that its end is not where they fail."""
-    p = Path(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):  # a file where a folder on the way should be
-        blocker = next((a for a in p.parents if a.exists()), p.parent)
-        raise UserError(f"cannot write {path}: {blocker} is not a folder") from None
-    except OSError as e:
-        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
+    """`path` as a file that can be written (its folder there or able to be made; nothing is made); else
+    UserError. A long command checks its outputs with this before it starts."""
+    p = Path(path).expanduser()
     if p.is_dir():
         raise UserError(f"cannot write {path}: it is a folder")
-    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+    _reachable(p.parent.resolve(), path)
+    if p.exists() and not os.access(p, os.W_OK):
         raise UserError(f"cannot write {path}: permission denied")
+    return p
+
+
+def folder(path: str | Path) -> Path:
+    """`path` as a folder that exists and can be written, or can be made (nothing is made); else UserError."""
+    p = Path(path).expanduser()
+    _reachable(p.resolve(), path)
     return p
 
 
@@ -31,21 +43,7 @@ def write(path: str | Path, text: str) -> None:
     """`text` into `path` (UTF-8; the folder made when missing); UserError when it cannot be written."""
     p = writable(path)
     try:
+        p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text, encoding="utf-8")
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror or e}") from None
-
-
-def folder(path: str | Path) -> Path:
-    """`path` as a folder that exists and can be written (made when missing); UserError when it cannot be."""
-    p = Path(path).expanduser()
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        blocker = next((a for a in (p, *p.parents) if a.exists() and not a.is_dir()), p)
-        raise UserError(f"cannot write into {path}: {blocker} is not a folder") from None
-    except OSError as e:
-        raise UserError(f"cannot write into {path}: {e.strerror or e}") from None
-    if not os.access(p, os.W_OK):
-        raise UserError(f"cannot write into {path}: permission denied")
-    return p

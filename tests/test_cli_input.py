@@ -16,9 +16,9 @@ EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "rmsnorm_swiglu
     (["optimize", EXAMPLE, "--seconds", "-3"], "Invalid --seconds: -3.0"),
     (["optimize", EXAMPLE, "--seconds", "inf"], "Invalid --seconds: inf"),
     (["optimize", EXAMPLE, "--seconds", "nan"], "Invalid --seconds: nan"),
-    (["optimize", EXAMPLE, "--budget", "0"], "Invalid --budget: 0"),
-    (["optimize", EXAMPLE, "--budget", "-5"], "Invalid --budget: -5"),
-    (["optimize", EXAMPLE, "--policy", "openai:m", "--max-usd", "-1"], "Invalid --max-usd: -1.0"),
+    (["optimize", EXAMPLE, "--seconds", "1", "--budget", "0"], "Invalid --budget: 0"),
+    (["optimize", EXAMPLE, "--seconds", "1", "--budget", "-5"], "Invalid --budget: -5"),
+    (["optimize", EXAMPLE, "--seconds", "1", "--policy", "openai:m", "--max-usd", "-1"], "Invalid --max-usd: -1.0"),
     (["profile", EXAMPLE, "--budget", "0"], "Invalid --budget: 0.0"),
     (["profile", EXAMPLE, "--top", "-1"], "Invalid --top: -1"),
     (["eval", "k.cu", "--task", "t", "--timeout", "-1"], "Invalid --timeout: -1.0"),
@@ -87,18 +87,24 @@ def test_an_output_path_gets_its_folder_and_one_that_cannot_be_written_is_one_li
 
 def test_a_store_that_cannot_be_opened_is_one_line_and_exit_2_without_its_password(capsys, tmp_path):
     """forge.errors.StoreUnavailable from the store's opening: a file that is no database, a folder, a path under a
-    file, a database server that does not answer, a dialect SQLAlchemy does not have."""
+    file, a database server that does not answer, a dialect SQLAlchemy does not have, a URL that does not parse, an
+    unescaped @ in a password (whose rest the driver would name as the host)."""
     garbage = tmp_path / "notes.txt"
     garbage.write_text("not a database\n" * 10)
     port = _closed_port()
     for db, says in ((str(garbage), "file is not a database"), (str(tmp_path), "unable to open database file"),
                      (str(garbage / "x.db"), f"{garbage} is not a folder"),
                      (f"postgresql://someone:hunter2@127.0.0.1:{port}/x", "Connection refused"),
-                     ("nosuchdialect://someone:hunter2@host/x", "Can't load plugin")):
-        assert main(["runs" if "://" in db else "optimize", *([] if "://" in db else [EXAMPLE]), "--db", db]) == 2
-        err = capsys.readouterr().err.strip()
-        assert err.startswith("forge: error: cannot open the run store ") and says in err and "\n" not in err, err
-        assert "hunter2" not in err
+                     ("nosuchdialect://someone:hunter2@host/x", "Can't load plugin"),
+                     ("postgresql://someone:hunter2@localhost:notaport/x", "invalid literal for int()"),
+                     (f"postgresql://someone:hunt@er2@127.0.0.1:{port}/x", "an @ in its password must be written %40")):
+        # a URL, for a review command too (a path that is no file is "no run store at" there: forge.review.data)
+        for argv in ([["runs"]] if "://" in db else []) + [["optimize", EXAMPLE, "--seconds", "1"]]:
+            assert main([*argv, "--db", db]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.startswith("forge: error: ") and says in err and "\n" not in err, err
+            assert "hunter2" not in err and "er2" not in err
+
 
 
 def _closed_port() -> int:
@@ -114,13 +120,55 @@ def test_an_artifact_folder_that_cannot_be_made_and_device_meta_are_refused_befo
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     db = tmp_path / "f.db"
-    assert main(["optimize", EXAMPLE, "--db", str(db), "--out", str(blocker / "runs")]) == 2
-    assert capsys.readouterr().err.strip() == f"forge: error: cannot write into {blocker / 'runs'}: {blocker} is " \
+    assert main(["optimize", EXAMPLE, "--seconds", "1", "--db", str(db), "--out", str(blocker / "runs")]) == 2
+    assert capsys.readouterr().err.strip() == f"forge: error: cannot write {blocker / 'runs'}: {blocker} is " \
         "not a folder"
     monkeypatch.setenv("FORGE_OUT", str(blocker))
-    assert main(["optimize", EXAMPLE, "--db", str(db)]) == 2
-    assert capsys.readouterr().err.strip() == f"forge: error: cannot write into {blocker}: {blocker} is not a folder"
+    assert main(["optimize", EXAMPLE, "--seconds", "1", "--db", str(db)]) == 2
+    assert capsys.readouterr().err.strip() == f"forge: error: cannot write {blocker}: {blocker} is not a folder"
     assert Store(str(db)).list_runs() == []
-    assert main(["optimize", EXAMPLE, "--db", str(tmp_path / "g.db"), "--device", "meta"]) == 2
+    assert main(["optimize", EXAMPLE, "--seconds", "1", "--db", str(tmp_path / "g.db"), "--device", "meta"]) == 2
     assert capsys.readouterr().err.strip().startswith("forge: error: --device meta captures shapes and times nothing")
     assert not (tmp_path / "g.db").exists()
+
+
+def test_ctrl_c_stops_forge_ui_as_a_normal_end(tmp_path):
+    """uvicorn stops the server on SIGINT and raises it again: forge ui ends with exit 0 and no 'interrupted'."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("uvicorn")
+    from forge.store import Store
+
+    Store(str(tmp_path / "f.db"))
+    port = _closed_port()
+    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "ui", "--db", str(tmp_path / "f.db"), "--port",
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert f"http://127.0.0.1:{port}/" in out and "interrupted" not in err
+
+
+def test_lab_takes_its_port_before_it_builds(capsys, tmp_path):
+    """forge lab --build --serve on a port in use is refused at once: nothing is built into the cache."""
+    pytest.importorskip("uvicorn")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["lab", "--build", "--serve", "--port", str(port), "--cache", str(tmp_path / "cache")]) == 2
+    assert "Address already in use" in capsys.readouterr().err
+    assert not any((tmp_path / "cache").rglob("*.json"))

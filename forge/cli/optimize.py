@@ -4,7 +4,6 @@ the job run in a child without credentials when an LLM key is needed, and the co
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -90,7 +89,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
     from forge import terminal
     from forge.capture import layout
-    from forge.job import OUT_ENV, optimize
+    from forge.job import artifacts_root, optimize
     from forge.search.driver import Budget
     from forge.store import Store
     from forge.tasks.render import print_optimize
@@ -103,9 +102,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if _isolated_from_keys(args):
         return _run_isolated(args)
     store = Store(args.db)
-    out = args.out or (None if args.resume else os.environ.get(OUT_ENV))  # a resumed run keeps its own folder
-    if out:
-        folder(out)  # now, not when the run's artifact is written
+    if args.out or not args.resume:  # a resumed run keeps the folder it started with
+        folder(artifacts_root(store, args.out))  # now, not when the run's artifact is written
     budget = None
     if args.resume:  # the run's own model (unless one is given: it must match), device, dtype and budget
         from forge.job import resumable

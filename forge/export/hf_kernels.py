@@ -170,7 +170,7 @@ def kernels_of(store: Store, ref: str, model: torch.nn.Module, inputs: list[Any]
     _, data = artifact.manifest_of(folder)
     kernels = artifact.read(folder, model, inputs)
     if not kernels:
-        named = (data.get("variant") or {}).get("name")
+        named = artifact.variant_of(data).get("name")
         why = data.get("note") or (f"the fastest of its variants end to end was {named!r}, which uses none" if named
                                    else "nothing was faster")
         raise UserError(f"run {run.id}'s artifact has no kernels to export ({why})")

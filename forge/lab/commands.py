@@ -30,15 +30,30 @@ def cmd_lab(args: argparse.Namespace) -> int:
         entries = [e for e in entries if e.slug in wanted or e.family in wanted]
         if not entries:
             raise UserError(f"--only {args.only!r} names no entry or family")
+    socks = _bound(args) if args.serve or not args.build else None  # the port taken before a build
     lab = Lab(args.device, args.cache)
     try:
         if args.build:
             _build(lab, entries)
-        if args.serve or not args.build:
-            _serve(lab, args)
+        if socks is not None:
+            _serve(lab, args, socks)
     finally:
         lab.close()
+        for s in socks or ():
+            s.close()
     return 0
+
+
+def _bound(args: argparse.Namespace) -> list[Any]:
+    """The sockets to serve on (forge.serving.bound), after checking the ui extra is installed."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401 - the ui extra: forge.serving runs it
+    except ImportError as e:
+        raise UserError(f"forge lab needs the ui extra: pip install 'forge-kernels[ui]' ({e})") from e
+    from forge.serving import bound
+
+    return bound(args.host, args.port)
 
 
 def _build(lab: Any, entries: list[Any]) -> None:
@@ -62,19 +77,14 @@ def _build(lab: Any, entries: list[Any]) -> None:
     console.print(f"forge lab: {len(entries)} kernels built in {took:.0f} s on {lab.device}: {summary}")
 
 
-def _serve(lab: Any, args: argparse.Namespace) -> None:
-    try:
-        import uvicorn  # noqa: F401 - the ui extra: forge.serving runs it
+def _serve(lab: Any, args: argparse.Namespace, socks: list[Any]) -> None:
+    from forge.lab.web import create_app
+    from forge.serving import serve, url
 
-        from forge.lab.web import create_app
-        from forge.serving import serve
-    except ImportError as e:
-        raise UserError(f"forge lab needs the ui extra: pip install 'forge-kernels[ui]' ({e})") from e
     found = _found(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: anyone who can reach it can run kernels on this machine", args.host)
-    serve(create_app(lab, found), args.host, args.port,
-          f"forge lab: http://{args.host}:{args.port}/ on {lab.device} (Ctrl-C stops)")
+    serve(create_app(lab, found), socks, f"forge lab: {url(args.host, args.port)} on {lab.device} (Ctrl-C stops)")
 
 
 def _found(args: argparse.Namespace) -> list[Any]:

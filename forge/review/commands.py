@@ -117,15 +117,16 @@ def cmd_ui(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401 - the ui extra: forge.serving runs it
 
         from forge.review.web import create_app
-        from forge.serving import serve
+        from forge.serving import bound, serve, url
     except ImportError as e:
         raise UserError(f"forge ui needs the ui extra: pip install 'forge-kernels[ui]' ({e})") from e
     with _user_errors():
         store = _store(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: anyone who can reach it can read every run", args.host)
-    serve(create_app(store), args.host, args.port,
-          f"forge ui: http://{args.host}:{args.port}/ serving the store {store.where} (Ctrl-C stops)")
+    socks = bound(args.host, args.port)
+    serve(create_app(store), socks, f"forge ui: {url(args.host, args.port)} serving the store {store.where} "
+          "(Ctrl-C stops)")
     return 0
 
 

@@ -11,10 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session
-
-from forge.errors import StoreUnavailable
 
 from .engine import describe, make_engines, resolve_url, sqlite_file, unavailable
 from .models import Base, utcnow
@@ -61,37 +59,22 @@ def _check_run_state(state: str) -> None:
         raise ValueError(f"run state must be one of {RUN_STATES}, not {state!r}")
 
 
-def _why(e: BaseException) -> str:
-    """The first line of what went wrong: the database driver's own words where it has them."""
-    if isinstance(e, DBAPIError) and e.orig is not None:
-        e = e.orig
-    if isinstance(e, ImportError) and e.name:
-        return f"its driver is not installed (no module {e.name})"
-    if isinstance(e, (FileExistsError, NotADirectoryError)) and e.filename:  # a file where a folder should be
-        return f"{e.filename} is not a folder"
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-
-
 class StoreBase:
     """Engines, sessions and lookups shared by every Store method."""
 
     def __init__(self, url: str | Path | None = None) -> None:
         """Open (creating if needed) the store at url; None means $FORGE_DB, else SQLite at runs/forge.db.
         StoreUnavailable (one line, no password) when it cannot be opened."""
-        try:
-            self._open(url)
-        except (SQLAlchemyError, OSError, ImportError) as e:
-            raise StoreUnavailable(f"cannot open the run store {unavailable(url)}: {_why(e)}") from e
-
-    def _open(self, url: str | Path | None) -> None:
         self.url = resolve_url(url)
         self.file: Path | None = sqlite_file(self.url)  # the SQLite file (absolute), None for another database
         self.where = describe(self.url)  # for messages: that file, or the URL without its password
-        self._reader, self._writer = make_engines(self.url)
-        with self._writer.begin() as conn:
-            Base.metadata.create_all(conn)
+        try:  # the driver imported, the database reached and its tables made
+            self._reader, self._writer = make_engines(self.url)
+            with self._writer.begin() as conn:
+                Base.metadata.create_all(conn)
+        except (ImportError, ArgumentError, DBAPIError) as e:  # not a bug of forge's: a store it cannot open
+            log.debug("opening the store failed", exc_info=True)
+            raise unavailable(url, e) from e
         log.debug("opened store %s", self._reader.url.render_as_string(hide_password=True))
 
     # -- plumbing ---------------------------------------------------------------------------------

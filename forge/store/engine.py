@@ -10,6 +10,9 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+from forge.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +33,15 @@ def resolve_url(url: str | Path | None, create: bool = True) -> str:
     """Return a SQLAlchemy URL for `locate(url)`: a plain path becomes sqlite:///ABSOLUTE-PATH.
 
     `create`: make the SQLite file's folder (a reader passes False and checks `sqlite_file` exists instead).
+    StoreUnavailable for a URL that does not parse or a folder that cannot be made.
     """
-    url = locate(url)
+    try:
+        return _resolved(locate(url), create)
+    except (OSError, ValueError, ArgumentError) as e:
+        raise unavailable(url, e) from e
+
+
+def _resolved(url: str | Path, create: bool) -> str:
     text = str(url)
     if isinstance(url, Path) or "://" not in text:
         if text == ":memory:":
@@ -62,13 +72,39 @@ def describe(url: str) -> str:
     return str(file) if file is not None else make_url(url).render_as_string(hide_password=True)
 
 
-def unavailable(url: str | Path | None) -> str:
-    """`describe` for a store that could not be opened: where it was asked for, even when its URL does not parse,
-    with any password masked."""
+def masked(text: str) -> str:
+    """`text` with the password of any URL in it masked (up to the last @ before the host's end: an unescaped @
+    in a password does not show the rest of it)."""
+    return re.sub(r"(://[^:/@\s]*:)[^/\s]*@", r"\1***@", text)
+
+
+def why(e: BaseException) -> str:
+    """The first line of what went wrong opening a store: the database driver's own words where it has them."""
+    if isinstance(e, DBAPIError) and e.orig is not None:
+        e = e.orig
+    if isinstance(e, ImportError) and e.name:
+        return f"its driver is not installed (no module {e.name})"
+    if isinstance(e, (FileExistsError, NotADirectoryError)) and e.filename:  # a file where a folder should be
+        return f"{e.filename} is not a folder"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    return masked((str(e).strip().splitlines() or [type(e).__name__])[0][:300])
+
+
+def unavailable(url: str | Path | None, e: BaseException) -> StoreUnavailable:
+    """The error for a store that could not be opened: where it was asked for (a path as given, a URL with its
+    password masked) and why."""
+    where, reason = str(locate(url)), why(e)
+    if "://" not in where:
+        return StoreUnavailable(f"cannot open the run store {Path(where).expanduser()}: {reason}")
     try:
-        return describe(resolve_url(url, create=False))
-    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot read: shown as given, its password masked
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(locate(url)))
+        parsed = make_url(where)
+        where = describe(where)
+        if "@" in (parsed.host or ""):  # the driver's words would name the rest of the password as the host
+            reason = "an @ in its password must be written %40"
+    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot read: shown as given
+        pass
+    return StoreUnavailable(f"cannot open the run store {masked(where)}: {reason}")
 
 
 def _sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:

@@ -36,6 +36,15 @@ def test_bad_model_files_exit_2_with_one_line(capsys, file, expected):
     assert len(err.splitlines()) == 1 and err.startswith("forge: error: ")
 
 
+def test_a_branch_on_a_tensors_value_says_what_to_do(capsys):
+    """torch.export refuses it (and prints the partial graph on its own); forge's line says why and the way out."""
+    code, err = run_cli(capsys, "profile", str(MODELS / "branches_on_a_value.py"))
+    assert code == 2
+    last = err.splitlines()[-1]
+    assert last.startswith("forge: error: could not capture the model with torch.export: GuardOnDataDependent")
+    assert last.endswith("a Python branch on a tensor's value is not one (torch.cond, or the branch outside Model)")
+
+
 def test_dtype_the_model_cannot_take(capsys):
     code, err = run_cli(capsys, "profile", str(MODELS / "fp32_only.py"), "--dtype", "bf16")
     assert code == 2

@@ -220,7 +220,9 @@ def capture(model: torch.nn.Module, inputs: list[Any]) -> Capture:
             ep = ep.run_decompositions(decomposition_table())
     except Exception as e:  # torch.export raises many kinds; the user needs the first line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"could not capture the model with torch.export: {type(e).__name__}: {first}") from e
+        hint = ("; forge takes the whole forward as one graph, and a Python branch on a tensor's value is not one "
+                "(torch.cond, or the branch outside Model)") if "DataDependent" in type(e).__name__ else ""
+        raise UserError(f"could not capture the model with torch.export: {type(e).__name__}: {first}{hint}") from e
     seconds = time.perf_counter() - start
     gm = ep.graph_module
     n = sum(1 for node in gm.graph.nodes if node.op == "call_function")

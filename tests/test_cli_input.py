@@ -172,3 +172,10 @@ def test_lab_takes_its_port_before_it_builds(capsys, tmp_path):
         assert main(["lab", "--build", "--serve", "--port", str(port), "--cache", str(tmp_path / "cache")]) == 2
     assert "Address already in use" in capsys.readouterr().err
     assert not any((tmp_path / "cache").rglob("*.json"))
+
+
+def test_a_model_file_that_is_not_there_makes_no_store(capsys, tmp_path):
+    db = tmp_path / "runs" / "forge.db"
+    assert main(["optimize", str(tmp_path / "typo.py"), "--seconds", "1", "--db", str(db)]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"forge: error: model file not found: {tmp_path / 'typo.py'}")
+    assert not (tmp_path / "runs").exists()

@@ -131,12 +131,19 @@ def _where(e: BaseException, path: Path) -> str:
     return f" (line {frames[-1].lineno})" if frames else ""
 
 
-def _import_file(path: Path) -> Any:
+def check_file(path: str | Path) -> Path:
+    """`path` as a model file that exists and is no folder (nothing imported); UserError otherwise."""
+    path = Path(path)
     if not path.exists():
         raise UserError(f"model file not found: {path} (give the path of a .py file defining Model, "
                         "get_inputs and get_init_inputs)")
     if path.is_dir():
         raise UserError(f"{path} is a folder: give the path of a .py model file")
+    return path
+
+
+def _import_file(path: Path) -> Any:
+    check_file(path)
     name = f"forge_model_{uuid.uuid4().hex[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:

@@ -94,11 +94,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from forge.store import Store
     from forge.tasks.render import print_optimize
 
-    if args.device == "meta":
-        raise UserError("--device meta captures shapes and times nothing: forge optimize needs cpu or cuda "
-                        "(forge profile --device meta lists the tasks)")
-    if args.json:
-        writable(args.json)  # now, not after the run
+    _check_first(args)
     if _isolated_from_keys(args):
         return _run_isolated(args)
     store = Store(args.db)
@@ -137,6 +133,20 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     if args.json:
         write(args.json, json.dumps(report.to_json(), indent=1) + "\n")
     return 0
+
+
+def _check_first(args: argparse.Namespace) -> None:
+    """What can be refused before the store is opened (or made) and anything runs: --device meta, a model file
+    that is not there, a --json that cannot be written (not found out after the run)."""
+    if args.device == "meta":
+        raise UserError("--device meta captures shapes and times nothing: forge optimize needs cpu or cuda "
+                        "(forge profile --device meta lists the tasks)")
+    if args.model:
+        from forge.capture.model_input import check_file
+
+        check_file(args.model)
+    if args.json:
+        writable(args.json)
 
 
 def _model_of(args: argparse.Namespace, run: RunRecord) -> None:

@@ -11,6 +11,15 @@ from typing import Any
 from forge.errors import UserError
 
 
+def require_ui(command: str) -> None:
+    """UserError unless the ui extra (FastAPI, uvicorn) is installed: `forge COMMAND` needs it."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise UserError(f"forge {command} needs the ui extra: pip install 'forge-kernels[ui]' ({e})") from e
+
+
 def bound(host: str, port: int) -> list[socket.socket]:
     """TCP sockets bound to every address `host` names, at `port` (not yet listening), as asyncio's server binds
     them (an IPv6 socket for IPv6 only; an address family this machine lacks is left out); UserError when none

@@ -243,7 +243,7 @@ def _floor(task: TaskSpec, device: str, rate: float, median_us: float, factor: f
     """The task's roofline floor in microseconds and the bandwidth it is at: `rate` (measured before timing), or
     measured again when the median is below `factor` times the floor (the rate was measured once)."""
     floor_us = task.floor_bytes / rate * 1e6 if rate else None
-    if rate and floor_us and median_us < factor * floor_us:
+    if floor_us and median_us < factor * floor_us:
         rate = remeasured(device)
         floor_us = task.floor_bytes / rate * 1e6
     return floor_us, rate

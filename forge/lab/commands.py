@@ -46,13 +46,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 def _bound(args: argparse.Namespace) -> list[Any]:
     """The sockets to serve on (forge.serving.bound), after checking the ui extra is installed."""
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401 - the ui extra: forge.serving runs it
-    except ImportError as e:
-        raise UserError(f"forge lab needs the ui extra: pip install 'forge-kernels[ui]' ({e})") from e
-    from forge.serving import bound
+    from forge.serving import bound, require_ui
 
+    require_ui("lab")
     return bound(args.host, args.port)
 
 

@@ -113,13 +113,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     """forge ui: the read-only web app on host:port until Ctrl-C."""
-    try:
-        import uvicorn  # noqa: F401 - the ui extra: forge.serving runs it
+    from forge.serving import bound, require_ui, serve, url
 
-        from forge.review.web import create_app
-        from forge.serving import bound, serve, url
-    except ImportError as e:
-        raise UserError(f"forge ui needs the ui extra: pip install 'forge-kernels[ui]' ({e})") from e
+    require_ui("ui")
+    from forge.review.web import create_app
+
     with _user_errors():
         store = _store(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):

@@ -25,12 +25,13 @@ they run as eager PyTorch (HELION_INTERPRET=1) or as the Triton Helion generates
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from forge.backends import HELION
 from forge.kernel import Candidate, TaskSpec
 from forge.policy.recipes import pointwise
-from forge.policy.recipes.emit import NotMine, trace_task
+from forge.policy.recipes.emit import NotMine
 from forge.policy.recipes.helion_common import (
     PRELUDE,
     HelionEmitter,
@@ -42,8 +43,8 @@ from forge.policy.recipes.helion_common import (
     store,
 )
 from forge.policy.recipes.helion_rows import row_source
-from forge.policy.recipes.index import Simplifier, flatten, unflatten, var
-from forge.policy.recipes.triton_common import texpr, wide_index
+from forge.policy.recipes.triton_common import wide_index
+from forge.policy.recipes.triton_kernels import pointwise_lines
 
 __all__ = ["HelionKnobs", "HelionRowKnobs", "candidate", "pointwise_source", "row_source"]
 
@@ -60,21 +61,8 @@ def pointwise_source(spec: TaskSpec, knobs: HelionKnobs, low: pointwise.Lowered 
     low = low if low is not None else pointwise.lower(spec)
     if knobs.block & (knobs.block - 1) or knobs.block < 16:
         raise NotMine(f"block {knobs.block} is not a power of two of at least 16")
-    gm = trace_task(spec)
-    i = var("i")
-    simplify = Simplifier({i: low.numel})
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    em = HelionEmitter({p: n for n, p in enumerate(placeholders)}, spec.inputs, simplify, block=(i,))
-    (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
-    first = spec.outputs[0]
-    stores = []
-    for j, (node, m) in enumerate(zip(out_node.args[0], spec.outputs, strict=True)):
-        logical = pointwise.logical(i, m.shape, low.order)
-        v = em.value(node, logical)
-        at = "i" if m.written().stride == first.written().stride else \
-            texpr(simplify(flatten(unflatten(logical, m.shape), m.shape, m.written().stride)))
-        stores.append(store(j, m, at, v, em, spread="i"))
-    body = "".join(f"        {line}\n" for line in em.lines + stores)
+    lines = pointwise_lines(spec, low, HelionEmitter, partial(store, spread="i"))
+    body = "".join(f"        {line}\n" for line in lines)
     return (f"{PRELUDE}\n# forge recipe: pointwise in Helion, {low.numel} elements, {knobs}\n\n\n"
             + decorator([knobs.block], knobs, wide_index(spec))
             + f"def forge_pointwise({signature(spec)}) -> None:\n"

@@ -19,6 +19,8 @@ candidates on CUDA devices only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from forge.backends import TRITON
@@ -39,7 +41,10 @@ from forge.policy.recipes.triton_common import (
 )
 from forge.policy.recipes.triton_rows import row_source
 
-__all__ = ["TritonKnobs", "TritonRowKnobs", "candidate", "pointwise_source", "row_source"]
+__all__ = ["TritonKnobs", "TritonRowKnobs", "candidate", "pointwise_lines", "pointwise_source", "row_source"]
+
+# store_one(j, meta, at, value, emitter): the statement that writes output j (its meta) at flat offset `at`
+Store = Callable[..., str]
 
 
 def candidate(spec: TaskSpec, knobs: TritonKnobs | TritonRowKnobs, low: Any = None) -> Candidate:
@@ -54,11 +59,25 @@ def pointwise_source(spec: TaskSpec, knobs: TritonKnobs, low: pointwise.Lowered 
     low = low if low is not None else pointwise.lower(spec)
     if knobs.block & (knobs.block - 1) or knobs.block < 16:
         raise NotMine(f"block {knobs.block} is not a power of two of at least 16")
+    lines = pointwise_lines(spec, low, TritonEmitter, partial(store, shape="[BLOCK]", mask="mask"))
+    pid = "tl.program_id(0).to(tl.int64)" if wide_index(spec) else "tl.program_id(0)"
+    body = "".join(f"    {line}\n" for line in lines)
+    return (f"{PRELUDE}\n# forge recipe: pointwise in Triton, {low.numel} elements, {knobs}\n\n"
+            f"@triton.jit\ndef forge_pointwise({params(spec)}, BLOCK: tl.constexpr):\n"
+            f"    i = {pid} * BLOCK + tl.arange(0, BLOCK)\n    mask = i < {low.numel}\n{body}\n\n"
+            + launcher(spec, "forge_pointwise", f"triton.cdiv({low.numel}, {knobs.block})",
+                       f"BLOCK={knobs.block}", knobs.warps))
+
+
+def pointwise_lines(spec: TaskSpec, low: pointwise.Lowered, emitter: type[TritonEmitter],
+                    store_one: Store) -> list[str]:
+    """A pointwise kernel's body over the flat index `i` (Triton's or Helion's, by `emitter` and `store_one`):
+    each output's value at its logical index, then its store, at `i` where it is laid out as the first output."""
     gm = trace_task(spec)
     i = var("i")
     simplify = Simplifier({i: low.numel})
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    em = TritonEmitter({p: n for n, p in enumerate(placeholders)}, spec.inputs, simplify, block=(i,))
+    em = emitter({p: n for n, p in enumerate(placeholders)}, spec.inputs, simplify, block=(i,))
     (out_node,) = [n for n in gm.graph.nodes if n.op == "output"]
     first = spec.outputs[0]
     stores = []
@@ -67,11 +86,5 @@ def pointwise_source(spec: TaskSpec, knobs: TritonKnobs, low: pointwise.Lowered 
         v = em.value(node, logical)
         at = "i" if m.written().stride == first.written().stride else \
             texpr(simplify(flatten(unflatten(logical, m.shape), m.shape, m.written().stride)))
-        stores.append(store(j, m, at, v, em, shape="[BLOCK]", mask="mask"))
-    pid = "tl.program_id(0).to(tl.int64)" if wide_index(spec) else "tl.program_id(0)"
-    body = "".join(f"    {line}\n" for line in em.lines + stores)
-    return (f"{PRELUDE}\n# forge recipe: pointwise in Triton, {low.numel} elements, {knobs}\n\n"
-            f"@triton.jit\ndef forge_pointwise({params(spec)}, BLOCK: tl.constexpr):\n"
-            f"    i = {pid} * BLOCK + tl.arange(0, BLOCK)\n    mask = i < {low.numel}\n{body}\n\n"
-            + launcher(spec, "forge_pointwise", f"triton.cdiv({low.numel}, {knobs.block})",
-                       f"BLOCK={knobs.block}", knobs.warps))
+        stores.append(store_one(j, m, at, v, em))
+    return em.lines + stores

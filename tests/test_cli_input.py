@@ -85,6 +85,25 @@ def test_an_output_path_gets_its_folder_and_one_that_cannot_be_written_is_one_li
     assert Store(str(db)).list_runs() == []  # the optimize was refused before it made a run
 
 
+def test_forge_profile_checks_its_json_before_the_capture_and_writes_it_as_one_line_on_failure(capsys, tmp_path):
+    """forge profile --json under a file: refused before the model is captured (no table printed); a profile
+    that cannot be written where the check could not see it (/proc lets root look writable) is a UserError."""
+    from forge.capture.profile import Profile
+    from forge.errors import UserError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["profile", EXAMPLE, "--json", str(blocker / "p.json")]) == 2
+    out, err = capsys.readouterr()
+    assert err.strip() == f"forge: error: cannot write {blocker / 'p.json'}: {blocker} is not a folder"
+    assert out == ""  # nothing was captured
+    prof = Profile(model="m", device="cpu", dtype="fp32", total_ms=1.0, tasks=())
+    with pytest.raises(UserError, match=r"^cannot write /proc/forge-profile\.json: "):
+        prof.save("/proc/forge-profile.json")
+    prof.save(tmp_path / "made" / "p.json")
+    assert Profile.load(tmp_path / "made" / "p.json").model == "m"
+
+
 def test_a_store_that_cannot_be_opened_is_one_line_and_exit_2_without_its_password(capsys, tmp_path):
     """forge.errors.StoreUnavailable from the store's opening: a file that is no database, a folder, a path under a
     file, a database server that does not answer, a dialect SQLAlchemy does not have, a URL that does not parse, an

@@ -21,6 +21,7 @@ from forge.capture.layout import apply as apply_layout
 from forge.capture.layout import choose as choose_layout
 from forge.capture.model_input import LoadedModel
 from forge.capture.timing import time_graph
+from forge.files import write
 from forge.tasks.cut import Task, build_tasks
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,8 @@ class Profile:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write the JSON form to `path`."""
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        """Write the JSON form to `path` (its folder made); UserError naming it when it cannot be written."""
+        write(path, json.dumps(self.to_json(), indent=1) + "\n")
 
     @classmethod
     def parse(cls, d: dict[str, Any]) -> Profile:

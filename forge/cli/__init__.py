@@ -99,8 +99,11 @@ def _blocks(args: argparse.Namespace) -> bool:
 def cmd_profile(args: argparse.Namespace) -> int:
     """forge profile: tasks by share of time."""
     from forge.capture.profile import profile_blockwise, profile_model
+    from forge.files import writable
     from forge.tasks.render import print_profile
 
+    if args.json:
+        writable(args.json)  # before the capture, which can take minutes
     loaded = load_model(args)
     sizes = {k: getattr(args, k) for k in ("layers", "batch", "seq", "resolution") if getattr(args, k)}
     extra = {"sizes": sizes} if sizes else None

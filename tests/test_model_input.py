@@ -37,9 +37,11 @@ def test_bad_model_files_exit_2_with_one_line(capsys, file, expected):
 
 
 def test_a_branch_on_a_tensors_value_says_what_to_do(capsys):
-    """torch.export refuses it (and prints the partial graph on its own); forge's line says why and the way out."""
+    """torch.export refuses it; forge's one line says why and the way out (the partial graph torch prints on its
+    own goes to forge's debug log, not to the user)."""
     code, err = run_cli(capsys, "profile", str(MODELS / "branches_on_a_value.py"))
     assert code == 2
+    assert len(err.splitlines()) == 1, err
     last = err.splitlines()[-1]
     assert last.startswith("forge: error: could not capture the model with torch.export: GuardOnDataDependent")
     assert last.endswith("a Python branch on a tensor's value is not one (torch.cond, or the branch outside Model)")
@@ -131,3 +133,24 @@ def test_meta_build_of_inputs_from_distributions(tmp_path):
         assert torch.distributions.Distribution._validate_args  # restored after the build
     finally:
         torch.distributions.Distribution.set_default_validate_args(before)
+
+
+def test_what_export_prints_is_held_back_from_this_thread_only(capsys):
+    """The capture holds back what torch.export prints (this thread's stderr); another thread's writes (a live
+    progress display) go through as they are made."""
+    import io
+    import sys
+    import threading
+
+    from forge.capture.export import _this_thread_stderr
+
+    held = io.StringIO()
+    with _this_thread_stderr(held):
+        print("partial graph", file=sys.stderr)
+        t = threading.Thread(target=lambda: print("progress", file=sys.stderr))
+        t.start()
+        t.join()
+        assert capsys.readouterr().err == "progress\n"
+    assert held.getvalue() == "partial graph\n"
+    print("after", file=sys.stderr)
+    assert capsys.readouterr().err == "after\n"

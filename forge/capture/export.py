@@ -12,10 +12,15 @@ models are captured without memory; timing needs a real device (forge.capture.ti
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch.export import ExportedProgram
@@ -210,19 +215,51 @@ def decomposition_table() -> dict[Any, Any]:
     return table
 
 
+class _ThreadStderr(io.TextIOBase):
+    """sys.stderr for one thread's writes into `into`; the other threads' (a live progress display) go on to
+    `rest`, the stream it replaces."""
+
+    def __init__(self, into: io.StringIO, rest: TextIO) -> None:
+        super().__init__()
+        self.into, self.rest, self.owner = into, rest, threading.get_ident()
+
+    def write(self, s: str) -> int:
+        return (self.into if threading.get_ident() == self.owner else self.rest).write(s)
+
+    def flush(self) -> None:
+        self.rest.flush()
+
+    def isatty(self) -> bool:
+        return self.rest.isatty()
+
+
+@contextlib.contextmanager
+def _this_thread_stderr(into: io.StringIO) -> Iterator[None]:
+    """This thread's writes to sys.stderr go into `into` for the block."""
+    rest = sys.stderr
+    sys.stderr = _ThreadStderr(into, rest)
+    try:
+        yield
+    finally:
+        sys.stderr = rest
+
+
 def capture(model: torch.nn.Module, inputs: list[Any]) -> Capture:
     """Export `model` on `inputs` (real or meta tensors) to a decomposed ATen graph."""
     start = time.perf_counter()
+    printed = io.StringIO()  # torch.export prints a failed trace's partial graph to stderr (twice) before it raises
     try:
         # the graph of what eager runs (forge.capture.libraries), library loops as one op each (forge.capture.scans)
-        with torch.no_grad(), as_eager(), as_ops():
+        with torch.no_grad(), as_eager(), as_ops(), _this_thread_stderr(printed):
             ep = torch.export.export(model, tuple(inputs), strict=False)
             ep = ep.run_decompositions(decomposition_table())
     except Exception as e:  # torch.export raises many kinds; the user needs the first line
+        log.debug("torch.export printed before it raised:\n%s", printed.getvalue())
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         hint = ("; forge takes the whole forward as one graph, and a Python branch on a tensor's value is not one "
                 "(torch.cond, or the branch outside Model)") if "DataDependent" in type(e).__name__ else ""
         raise UserError(f"could not capture the model with torch.export: {type(e).__name__}: {first}{hint}") from e
+    sys.stderr.write(printed.getvalue())  # what it printed on the way to a graph is the user's to see
     seconds = time.perf_counter() - start
     gm = ep.graph_module
     n = sum(1 for node in gm.graph.nodes if node.op == "call_function")

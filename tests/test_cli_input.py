@@ -198,3 +198,11 @@ def test_a_model_file_that_is_not_there_makes_no_store(capsys, tmp_path):
     assert main(["optimize", str(tmp_path / "typo.py"), "--seconds", "1", "--db", str(db)]) == 2
     assert capsys.readouterr().err.strip().startswith(f"forge: error: model file not found: {tmp_path / 'typo.py'}")
     assert not (tmp_path / "runs").exists()
+
+
+def test_resuming_from_a_store_that_is_not_there_is_one_line_and_makes_none(capsys, tmp_path):
+    db = tmp_path / "typo.db"
+    assert main(["optimize", EXAMPLE, "--resume", "r1", "--db", str(db)]) == 2
+    assert capsys.readouterr().err.strip() == f"forge: error: no run store at {db} (--db PATH|URL or " \
+        "FORGE_DB=PATH|URL points at another store)"
+    assert not db.exists()

@@ -82,14 +82,14 @@ def test_a_killed_run_resumes_without_losing_or_repeating_an_evaluation(tmp_path
 
 
 def test_resume_refuses_an_unknown_run_and_another_model(tmp_path, capsys):
+    from forge.store import Store
+
     db = tmp_path / "f.db"
+    store = Store(db)  # a store without that run (one that is not there: tests/test_cli_input.py)
     assert main(["optimize", "--resume", "r20000101-000000", "--db", str(db)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("forge: error: no run 'r20000101-000000'") and "\n" not in err
 
-    from forge.store import Store
-
-    store = Store(db)
     run = store.create_run(str(MODEL), device="cpu", dtype="fp32", policy="recipes",
                            config={"budget": {}, "load": {"file": str(MODEL), "zoo": None, "sizes": {}}})
     assert main(["optimize", str(MODELS / "relu_model.py"), "--resume", run.id, "--db", str(db)]) == 2

@@ -97,7 +97,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     _check_first(args)
     if _isolated_from_keys(args):
         return _run_isolated(args)
-    store = Store(args.db)
+    store = _resumed_store(args.db) if args.resume else Store(args.db)
     if args.out or not args.resume:  # a resumed run keeps the folder it started with
         folder(artifacts_root(store, args.out))  # now, not when the run's artifact is written
     budget = None
@@ -222,6 +222,16 @@ def _isolated_from_keys(args: argparse.Namespace) -> bool:
     return broker.needs_isolation() and getattr(args, "argv", None) is not None
 
 
+def _resumed_store(db: str | None) -> Store:
+    """The store a run is resumed from: one that is not there is bad input (no empty store is made)."""
+    from forge.review.data import open_store
+
+    try:
+        return open_store(db)
+    except FileNotFoundError as e:
+        raise UserError(str(e)) from None
+
+
 def _run_isolated(args: argparse.Namespace) -> int:
     """The job in a child without credentials; this process holds the LLM key (if the policy needs one) and
     sends the child's requests: the process that loads kernels holds no secret."""
@@ -230,9 +240,8 @@ def _run_isolated(args: argparse.Namespace) -> int:
     name, seconds = args.policy, args.seconds if args.seconds is not None else SECONDS
     if args.resume:
         from forge.job import resumable
-        from forge.store import Store
 
-        run = resumable(Store(args.db), args.resume)
+        run = resumable(_resumed_store(args.db), args.resume)
         name, seconds = run.policy, run.config["budget"].get("seconds", seconds)
     from forge.job import RECIPE_POLICIES
 

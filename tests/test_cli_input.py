@@ -206,3 +206,16 @@ def test_resuming_from_a_store_that_is_not_there_is_one_line_and_makes_none(caps
     assert capsys.readouterr().err.strip() == f"forge: error: no run store at {db} (--db PATH|URL or " \
         "FORGE_DB=PATH|URL points at another store)"
     assert not db.exists()
+
+
+@pytest.mark.parametrize("policy, says", [
+    ("nope", "Invalid policy 'nope': use recipes, openai:MODEL"),
+    ("recipes+anthropic:claude-x", "ANTHROPIC_API_KEY is not set: export it to use --policy anthropic:claude-x"),
+])
+def test_a_policy_that_cannot_run_is_refused_before_the_store_is_made(policy, says, capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    db = tmp_path / "runs" / "forge.db"
+    assert main(["optimize", EXAMPLE, "--policy", policy, "--seconds", "5", "--db", str(db)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"forge: error: {says}") and "\n" not in err, err
+    assert not (tmp_path / "runs").exists()

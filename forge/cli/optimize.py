@@ -137,7 +137,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
 
 def _check_first(args: argparse.Namespace) -> None:
     """What can be refused before the store is opened (or made) and anything runs: --device meta, a model file
-    that is not there, a --json that cannot be written (not found out after the run)."""
+    that is not there, a --json that cannot be written (not found out after the run), an LLM policy's name that
+    does not parse or whose key is not set."""
     if args.device == "meta":
         raise UserError("--device meta captures shapes and times nothing: forge optimize needs cpu or cuda "
                         "(forge profile --device meta lists the tasks)")
@@ -147,6 +148,12 @@ def _check_first(args: argparse.Namespace) -> None:
         check_file(args.model)
     if args.json:
         writable(args.json)
+    from forge.job import RECIPE_POLICIES
+
+    if args.policy not in RECIPE_POLICIES and not args.resume and not args.replay:  # those take the run's own
+        from forge.policy.llm import check_name
+
+        check_name(args.policy)
 
 
 def _model_of(args: argparse.Namespace, run: RunRecord) -> None:

@@ -7,6 +7,7 @@ the prompts, the cache, the cost accounting and replay.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from forge.errors import UserError
@@ -15,10 +16,23 @@ from forge.policy.llm.cache import CallLog, replay_answers
 from forge.policy.llm.mixed import MixedPolicy
 from forge.policy.llm.policy import Idea, LLMConfig, LLMPolicy
 from forge.policy.llm.prices import PriceTable
-from forge.policy.llm.providers import Chat, LLMError, ProviderSpec, RetryConfig, connect
+from forge.policy.llm.providers import Chat, LLMError, ProviderSpec, RetryConfig, connect, key_of
 
 __all__ = ["Idea", "LLMConfig", "LLMError", "LLMPolicy", "MixedPolicy", "ProviderSpec", "RetryConfig",
-           "keyholder_chat", "make_llm_policy"]
+           "check_name", "keyholder_chat", "make_llm_policy"]
+
+
+def check_name(name: str) -> None:
+    """What an LLM --policy NAME needs before anything starts (no store made, no model loaded): a name that
+    parses and, outside the key holder's child (which has no key by design), its key in the environment."""
+    from forge.policy.llm import broker
+
+    try:
+        spec = ProviderSpec.parse(name.removeprefix("recipes+"))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if broker.ENV not in os.environ:
+        key_of(spec)
 
 
 def keyholder_chat(name: str, *, max_usd: float | None = None, prices: str | Path | None = None,

@@ -365,6 +365,14 @@ def _tokens(resp: Any, field: str) -> int:
     return int(value) if isinstance(value, (int, float)) else -1
 
 
+def key_of(spec: ProviderSpec) -> str:
+    """The spec's API key from the environment ("" for a local server, which takes any); UserError when missing."""
+    key = os.environ.get(spec.key_env, "")
+    if not key and spec.provider != "openai-compatible":
+        raise UserError(f"{spec.key_env} is not set: export it to use --policy {spec.name} (or use --replay RUN)")
+    return key
+
+
 def connect(spec: ProviderSpec, retry: RetryConfig | None = None, check: bool = True, price: Price | None = None,
             max_usd: float | None = None) -> Chat:
     """A client for the spec with the key from the environment; missing or rejected keys are UserErrors.
@@ -375,9 +383,7 @@ def connect(spec: ProviderSpec, retry: RetryConfig | None = None, check: bool = 
 
     if broker.ENV in os.environ:
         return broker.RemoteChat(spec, retry or RetryConfig(), price, max_usd)
-    key = os.environ.get(spec.key_env, "")
-    if not key and spec.provider != "openai-compatible":
-        raise UserError(f"{spec.key_env} is not set: export it to use --policy {spec.name} (or use --replay RUN)")
+    key = key_of(spec)
     cls = AnthropicChat if spec.provider == "anthropic" else OpenAIChat
     chat = cls(spec, key or "none", retry or RetryConfig(), price, max_usd)  # local servers take any key
     if check:

@@ -4,10 +4,13 @@ Method:
 - warm-up by time (at least `warmup_s`, and three calls) for the candidate and the baseline;
 - before every timed call, the last-level cache is flushed by a buffer larger than it (CUDA: 2 x L2, at
   least 256 MiB, read, so that the L2 is left holding clean lines; CPU: 256 MiB written);
-- CUDA: the flush, then a pair of events around the call, all queued without waiting, and
-  `torch.cuda.synchronize()` (device-wide) before reading them. The flush kernel keeps the GPU busy
-  while the CPU queues the call, so the time is the GPU's, not the launch path's (as in Triton's
-  do_bench); CPU: `time.perf_counter_ns` around the call;
+- CUDA: the flush and `PAD_US` of GPU time more (a spin, `torch.cuda._sleep`), then a pair of events around
+  the call, all queued without waiting, and `torch.cuda.synchronize()` (device-wide) before reading them. The
+  flush and the spin keep the GPU busy while the CPU queues the call, so the time is the GPU's, not the launch
+  path's (as in Triton's do_bench). The flush alone (55-85 us) was not enough: a Helion kernel's Python launch
+  path, or eager's six launches of an RMSNorm while 16 compilers ran on the 16 cores, outlasted it, and the
+  GPU's wait for the call was timed (on an H100, eager 140 us where it was 21, a 5.3 us Helion kernel at a
+  10-124 us spread: benchmarks/results/h200.md, 2026-12-07); CPU: `time.perf_counter_ns` around the call;
 - candidate and baseline are interleaved call by call in the same process on the same inputs, until
   both have `min_runs` samples and `budget_s` has passed (or `max_runs`);
 - statistics: median, p10, p90, mean and standard deviation, the count, and the median's 95% interval
@@ -65,11 +68,15 @@ def stats(samples_us: list[float]) -> Timing:
                   ci_hi_us=hi)
 
 
-class Clock:
-    """Times one call on a device, flushing the cache before it."""
+PAD_US = 100.0  # GPU time queued after each flush (CUDA), ahead of the timed call: see the module's docstring
 
-    def __init__(self, device: str) -> None:
+
+class Clock:
+    """Times one call on a device, flushing the cache before it (CUDA: and `pad_us` of GPU time after that)."""
+
+    def __init__(self, device: str, pad_us: float = PAD_US) -> None:
         self.cuda = device.startswith("cuda")
+        self.pad_cycles = _cycles(device, pad_us) if self.cuda and pad_us > 0 else 0
         if self.cuda:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
             size = max(256 << 20, 2 * l2)
@@ -90,12 +97,24 @@ class Clock:
         H100 for 256 MiB) and was most of a candidate's timing (benchmarks/clock_cost.py). CPU: write it."""
         if self.cuda:
             torch.amax(self.flush_buf, dim=0, out=self.flush_sink)
+            if self.pad_cycles:
+                torch.cuda._sleep(self.pad_cycles)
         else:
             self.flush_buf.fill_(1)
 
     def time_us(self, fn: Callable[[], object]) -> float:
         """Time one call of fn in microseconds, after a cache flush."""
         return time_call_us(fn, self.cuda, self.flush)
+
+
+def _cycles(device: str, us: float) -> int:
+    """The GPU clock cycles `torch.cuda._sleep` spins for `us` microseconds on this device (timed here: the
+    clock rate differs between GPUs and boost states; the fastest of three spins, so never too few)."""
+    with torch.cuda.device(device):
+        probe = 200_000
+        torch.cuda._sleep(probe)  # the first spin starts the clocks
+        per_us = max(probe / max(time_call_us(lambda: torch.cuda._sleep(probe), True), 1e-3) for _ in range(3))
+    return int(us * per_us)
 
 
 def time_call_us(fn: Callable[[], object], cuda: bool, before: Callable[[], object] | None = None) -> float:

@@ -160,13 +160,23 @@ def build(candidate: Candidate, arch: str | None = None, cache_dir: Path | None 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+BUILD_NICE = 10  # the compilers' niceness: a worker timing a candidate gets its CPU back from them at once
+
+
+def _niced(cmd: list[str]) -> list[str]:
+    """`cmd` run at niceness BUILD_NICE (through nice(1), where there is one): one compiler a CPU core kept the
+    worker that times candidates beside them from its CPU, and its launches were timed late."""
+    nice = shutil.which("nice")
+    return [nice, "-n", str(BUILD_NICE), *cmd] if nice else cmd
+
+
 def _compile(cmds: list[list[str]], cwd: Path, timeout_s: float) -> tuple[bool, str]:
     """Run the compiler commands in order until one fails: whether all succeeded, and their log."""
     text, ok = "", True
     for cmd in cmds:
         try:
             # its own session: Ctrl-C reaches forge only, so a compiler it interrupts is no build error
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
+            proc = subprocess.run(_niced(cmd), capture_output=True, text=True, timeout=timeout_s, cwd=cwd,
                                   env=scrubbed_env(), stdin=subprocess.DEVNULL, start_new_session=True)
             text += f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
             ok = proc.returncode == 0

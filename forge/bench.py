@@ -7,10 +7,11 @@ Method:
 - CUDA: the flush and `PAD_US` of GPU time more (a spin, `torch.cuda._sleep`), then a pair of events around
   the call, all queued without waiting, and `torch.cuda.synchronize()` (device-wide) before reading them. The
   flush and the spin keep the GPU busy while the CPU queues the call, so the time is the GPU's, not the launch
-  path's (as in Triton's do_bench). The flush alone (55-85 us) was not enough: a Helion kernel's Python launch
-  path, or eager's six launches of an RMSNorm while 16 compilers ran on the 16 cores, outlasted it, and the
-  GPU's wait for the call was timed (on an H100, eager 140 us where it was 21, a 5.3 us Helion kernel at a
-  10-124 us spread: benchmarks/results/h200.md, 2026-12-07); CPU: `time.perf_counter_ns` around the call;
+  path's (as in Triton's do_bench). Launch paths measured on an H100 (benchmarks/launch_path.py, h200.md
+  2026-12-07): 27-36 us for a Helion kernel, 45-67 us for eager's six launches of an RMSNorm; the flush takes
+  100 us there, but reads its 256 MiB faster on an H200 (about 60 us at its copy rate), and unpadded timings
+  showed p90s of 12-28 us over 8-22 us medians under load where padded ones did not;
+- CPU: `time.perf_counter_ns` around the call;
 - candidate and baseline are interleaved call by call in the same process on the same inputs, until
   both have `min_runs` samples and `budget_s` has passed (or `max_runs`);
 - statistics: median, p10, p90, mean and standard deviation, the count, and the median's 95% interval

@@ -1,6 +1,6 @@
-"""The clock under a busy CPU: compilers run beside the worker that times candidates (forge.evaluate.build's
+"""The clock beside a busy CPU: compilers run niced beside the worker that times candidates (forge.evaluate.build's
 BUILD_NICE), and a Python launch path longer than the cache flush is not timed on the GPU (forge.bench's
-PAD_US). How much each is worth under load is benchmarks/launch_path.py's to say, on the device."""
+PAD_US). What each is worth is benchmarks/launch_path.py's to measure, on the device (h200.md, 2026-12-07)."""
 
 from __future__ import annotations
 

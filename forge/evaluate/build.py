@@ -164,8 +164,9 @@ BUILD_NICE = 10  # the compilers' niceness: a worker timing a candidate gets its
 
 
 def _niced(cmd: list[str]) -> list[str]:
-    """`cmd` run at niceness BUILD_NICE (through nice(1), where there is one): one compiler a CPU core kept the
-    worker that times candidates beside them from its CPU, and its launches were timed late."""
+    """`cmd` run at niceness BUILD_NICE (through nice(1), where there is one): the worker that times candidates
+    beside the compilers comes first. (On an H100's 16 cores, one compiler loop a core at niceness 0 did not move
+    the timings measured: benchmarks/launch_path.py; this keeps it so where cores are fewer.)"""
     nice = shutil.which("nice")
     return [nice, "-n", str(BUILD_NICE), *cmd] if nice else cmd
 

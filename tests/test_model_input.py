@@ -154,3 +154,33 @@ def test_what_export_prints_is_held_back_from_this_thread_only(capsys):
     assert held.getvalue() == "partial graph\n"
     print("after", file=sys.stderr)
     assert capsys.readouterr().err == "after\n"
+
+
+def test_captures_that_overlap_leave_stderr_passing_through(capsys):
+    """Two captures in two threads, the first ending while the second still holds stderr: once both are over,
+    this thread's writes reach stderr (the first's wrapper, put back by the second, passes them through), and a
+    wrapper answers as the stream it wraps does."""
+    import io
+    import sys
+    import threading
+
+    from forge.capture.export import _this_thread_stderr
+
+    before = sys.stderr
+    second_in, first_out = threading.Event(), threading.Event()
+
+    def second() -> None:
+        with _this_thread_stderr(io.StringIO()):
+            assert sys.stderr.encoding == before.encoding
+            second_in.set()
+            first_out.wait()
+
+    with _this_thread_stderr(io.StringIO()):
+        t = threading.Thread(target=second)
+        t.start()
+        second_in.wait()
+    first_out.set()
+    t.join()
+    print("reaches stderr", file=sys.stderr)
+    assert capsys.readouterr().err == "reaches stderr\n"
+    sys.stderr = before

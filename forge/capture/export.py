@@ -215,33 +215,33 @@ def decomposition_table() -> dict[Any, Any]:
     return table
 
 
-class _ThreadStderr(io.TextIOBase):
-    """sys.stderr for one thread's writes into `into`; the other threads' (a live progress display) go on to
-    `rest`, the stream it replaces."""
+class _ThreadStderr:
+    """sys.stderr for one thread's writes into `into` while `held`; the other threads' (a live progress
+    display), and all once released, go on to `rest`, the stream it replaces, which answers everything else
+    (fileno, encoding, isatty)."""
 
     def __init__(self, into: io.StringIO, rest: TextIO) -> None:
-        super().__init__()
-        self.into, self.rest, self.owner = into, rest, threading.get_ident()
+        self.into, self.rest, self.owner, self.held = into, rest, threading.get_ident(), True
 
     def write(self, s: str) -> int:
-        return (self.into if threading.get_ident() == self.owner else self.rest).write(s)
+        return (self.into if self.held and threading.get_ident() == self.owner else self.rest).write(s)
 
-    def flush(self) -> None:
-        self.rest.flush()
-
-    def isatty(self) -> bool:
-        return self.rest.isatty()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.rest, name)
 
 
 @contextlib.contextmanager
 def _this_thread_stderr(into: io.StringIO) -> Iterator[None]:
-    """This thread's writes to sys.stderr go into `into` for the block."""
-    rest = sys.stderr
-    sys.stderr = _ThreadStderr(into, rest)
+    """This thread's writes to sys.stderr go into `into` for the block. Released at its end even where another
+    thread has put its own stream over it meanwhile (that one is left in place, passing writes through)."""
+    held = _ThreadStderr(into, sys.stderr)
+    sys.stderr = held
     try:
         yield
     finally:
-        sys.stderr = rest
+        held.held = False
+        if sys.stderr is held:
+            sys.stderr = held.rest
 
 
 def capture(model: torch.nn.Module, inputs: list[Any]) -> Capture:

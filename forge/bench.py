@@ -99,7 +99,8 @@ class Clock:
         if self.cuda:
             torch.amax(self.flush_buf, dim=0, out=self.flush_sink)
             if self.pad_cycles:
-                torch.cuda._sleep(self.pad_cycles)
+                with torch.cuda.device(self.flush_buf.device):  # the flush's GPU, whichever is current
+                    torch.cuda._sleep(self.pad_cycles)
         else:
             self.flush_buf.fill_(1)
 
@@ -109,12 +110,18 @@ class Clock:
 
 
 def _cycles(device: str, us: float) -> int:
-    """The GPU clock cycles `torch.cuda._sleep` spins for `us` microseconds on this device (timed here: the
-    clock rate differs between GPUs and boost states; the fastest of three spins, so never too few)."""
+    """The GPU clock cycles `torch.cuda._sleep` spins for `us` microseconds on this device, timed here (the clock
+    rate differs between GPUs and boost states): after about 10 ms of spinning (an idle GPU's clocks rise), each
+    probe queued behind a spin, so that its events time the GPU and not the launch; the fastest of three."""
+    probe = 200_000
+
+    def spin() -> None:
+        torch.cuda._sleep(probe)
+
     with torch.cuda.device(device):
-        probe = 200_000
-        torch.cuda._sleep(probe)  # the first spin starts the clocks
-        per_us = max(probe / max(time_call_us(lambda: torch.cuda._sleep(probe), True), 1e-3) for _ in range(3))
+        for _ in range(10):
+            spin()
+        per_us = max(probe / max(time_call_us(spin, True, before=spin), 1e-3) for _ in range(3))
     return int(us * per_us)
 
 

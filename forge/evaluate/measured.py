@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import random
+import statistics
 import threading
 import time
 from dataclasses import dataclass, replace
 
 import torch
 
-from forge.bench import BenchConfig, Clock, interleaved, measure_bandwidth
+from forge.bench import BenchConfig, Clock, interleaved, measure_bandwidth, time_call_us
 from forge.capture.export import empty_output
 from forge.evaluate.spotcheck import SpotCheck
 from forge.evaluate.verify import Reference, generator, make_input
@@ -29,9 +30,10 @@ class _Here:
     clocks: dict[str, Clock]
     bandwidth: dict[str, float]
     tasks: dict[tuple[str, str], tuple[Timing, float]]  # (device, task) -> (eager's timing, round overhead us)
+    hidden: dict[str, float]  # device -> the GPU time queued ahead of each timed call (flush and pad), us
 
 
-_HERE = _Here({}, {}, {})
+_HERE = _Here({}, {}, {}, {})
 _LOCK = threading.Lock()  # the copy rate may be measured ahead in another thread (measure_ahead)
 
 
@@ -69,6 +71,18 @@ def clock(device: str) -> Clock:
     if device not in _HERE.clocks:
         _HERE.clocks[device] = Clock(device)
     return _HERE.clocks[device]
+
+
+def hidden_us(device: str) -> float:
+    """How much of a call's launch path the clock can leave out: the GPU time it queues ahead of the call (the
+    flush and the pad, forge.bench.Clock.flush), timed here once a device (the median of 5); 0 on the CPU."""
+    if not device.startswith("cuda"):
+        return 0.0
+    if device not in _HERE.hidden:
+        c = clock(device)
+        with torch.cuda.device(device):
+            _HERE.hidden[device] = statistics.median(time_call_us(c.flush, True) for _ in range(5))
+    return _HERE.hidden[device]
 
 
 def bandwidth(device: str) -> float:

@@ -261,3 +261,20 @@ def test_a_disturbed_timing_is_timed_once_more_and_said(spec: TaskSpec, tmp_path
     assert r.status is Status.OK, r.message
     assert r.timing is not None and r.timing.p90_us > 2 * r.timing.p10_us
     assert r.verify["disturbed"].startswith("timed again: p90 "), r.verify
+
+
+def test_the_cross_check_ranks_a_launch_path_the_clock_hides_by_its_own_clock() -> None:
+    """The batch's time a round against the worker's claim (judge.batch_verdict): within the allowance, the claim
+    stands; over it by no more than the launch path the GPU clock leaves out (flush and pad), the candidate is
+    ranked by the judge's time a call, never below its claim; beyond, the clocks disagree (no timing)."""
+    from forge.evaluate.judge import RATIO, SLACK_US, batch_verdict
+
+    claimed, round_us, hidden = 5.0, 15.0, 200.0
+    allowed = RATIO * (claimed + round_us) + SLACK_US
+    assert batch_verdict(allowed - 1, claimed, round_us, hidden, 40) == ("", None)
+    note, judged = batch_verdict(allowed + 60, claimed, round_us, hidden, 40)
+    assert note.startswith("ranked by forge's clock: ") and judged is not None
+    assert judged.median_us == pytest.approx(allowed + 60 - round_us) and judged.n == 40
+    note, judged = batch_verdict(allowed + hidden + 1, claimed, round_us, hidden, 40)
+    assert note.startswith("the worker's clock disagrees with forge's") and judged is None
+    assert batch_verdict(allowed + 1, claimed, round_us, 0.0, 40)[1] is None  # the CPU clock hides nothing

@@ -410,10 +410,16 @@ def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, ti
     wrong = judge_kept(ref, task, decisive, "batched")
     if wrong is not None:
         raise Rejected(EvalResult(wrong.status, wrong.message, verify={"batched": wrong.detail}, device=device))
+    return batch_verdict(per_round, claimed, round_us, hidden_us(device), n)
+
+
+def batch_verdict(per_round: float, claimed: float, round_us: float, hidden: float, n: int
+                  ) -> tuple[str, Timing | None]:
+    """`_batch_check`'s decision on the judge's time a round (the least disturbed of SPLIT batches of `n`), the
+    worker's claimed median, a round's own cost and the launch path the worker's clock leaves out (`hidden`)."""
     allowed = RATIO * (claimed + round_us) + SLACK_US
     if per_round <= allowed:
         return "", None
-    hidden = hidden_us(device)
     if per_round <= allowed + hidden:  # a launch path up to what the clock hides (flush, pad) can explain it
         here = max(per_round - round_us, claimed)
         return (f"ranked by forge's clock: {SPLIT} batches of {n} calls took {per_round:.1f} us a call, more than "

@@ -13,7 +13,7 @@ import torch
 
 import forge.evaluate.verify as verify_module
 from forge.capture.export import TensorMeta, capture
-from forge.evaluate.judge import Rejected
+from forge.evaluate.remote import Rejected
 from forge.evaluate.verify import SETS, Reference, Target, verify
 from forge.kernel import EvalResult, Status, TaskSpec
 from forge.tasks.cut import build_tasks
@@ -51,7 +51,7 @@ def _placing(monkeypatch: pytest.MonkeyPatch, together: bool) -> None:
 
 
 def _died() -> Rejected:
-    """What a call whose worker died raises (forge.evaluate.judge.Remote.step)."""
+    """What a call whose worker died raises (forge.evaluate.remote.Remote.step)."""
     return Rejected(EvalResult(Status.CRASH, "died", device="cpu"))
 
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from forge.backends import BACKENDS
-from forge.evaluate.judge import Rejected, Remote
 from forge.evaluate.live import loaded_and_placed
+from forge.evaluate.remote import Rejected, Remote
 from forge.evaluate.verify import generator, make_input
 from forge.kernel import Candidate, Status, TaskSpec
 

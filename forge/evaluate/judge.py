@@ -1,9 +1,9 @@
 """The judge: verification, timing checks and the verdict, in forge's process, out of the candidate's reach.
 
-A candidate runs only in a worker (forge.evaluate.child); the judge sends it steps and reads what they wrote in the
-arena both map (forge.evaluate.arena). Everything that decides the verdict stays here: the inputs the reference
-reads and the copies inputs are compared with, the reference in higher precision, the error, the roofline
-floor's bandwidth, and a clock the candidate cannot reach. One evaluation:
+A candidate runs only in a worker (forge.evaluate.child); the judge sends it steps (forge.evaluate.remote) and
+reads what they wrote in the arena both map (forge.evaluate.arena). Everything that decides the verdict stays
+here: the inputs the reference reads and the copies inputs are compared with, the reference in higher precision,
+the error, the roofline floor's bandwidth, and a clock the candidate cannot reach. One evaluation:
 1. `Load`, then verification on two of the SETS (FIRST: N(0,1) and the hard values) from the request's seed
    (forge.evaluate.verify);
 2. called twice on the same buffers, on the two other SETS (forge.evaluate.repeats), new inputs and random
@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -38,14 +37,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from forge.bench import BenchConfig
-from forge.capture.export import TensorMeta, output_view
-from forge.evaluate.arena import Arena, Slot
+from forge.capture.export import output_view
 from forge.evaluate.measured import bandwidth, hidden_us, measured_here, remeasured
+from forge.evaluate.remote import Rejected, Remote
 from forge.evaluate.repeats import skips_repeats
 from forge.evaluate.spotcheck import kept_limit
-from forge.evaluate.steps import Call, EvalRequest, Load, Reply, Time, Tune
+from forge.evaluate.steps import EvalRequest, Load, Reply
 from forge.evaluate.verdicts import Verdict, off_reference
-from forge.evaluate.verify import SETS, Reference, Target, fill, generator, make_flat, verify
+from forge.evaluate.verify import SETS, Reference, fill, generator, make_flat, verify
 from forge.kernel import EvalResult, Status, TaskSpec, Timing
 
 if TYPE_CHECKING:
@@ -71,14 +70,6 @@ _SYSTEM = random.SystemRandom()
 log = logging.getLogger(__name__)
 
 
-class Rejected(Exception):  # noqa: N818 - a verdict, not an error
-    """A step that ended the evaluation: the result says how (timeout, crash, the candidate's status)."""
-
-    def __init__(self, result: EvalResult) -> None:
-        super().__init__(result.message)
-        self.result = result
-
-
 class _Laps:
     """Seconds each step of one evaluation took, summed by name (`phases_s` in a passing result's detail: where
     the judge's time goes, benchmarks/eval_throughput.py)."""
@@ -94,81 +85,6 @@ class _Laps:
 
     def rounded(self) -> dict[str, float]:
         return {name: round(s, 4) for name, s in self.s.items()}
-
-
-class Remote(Target):
-    """The worker as the judge's target: steps over the pipe, tensors in the arena."""
-
-    def __init__(self, worker: Worker, device: str, deadline: float) -> None:
-        self.worker, self.device, self.deadline = worker, device, deadline
-        self.arena: Arena = worker.arena
-        self.cuda = device.startswith("cuda")
-        self.loaded: Load | None = None
-
-    def step(self, msg: object) -> tuple[Reply, float]:
-        """Send one step; its reply and the judge's wall seconds for it. Raises Rejected on a failure."""
-        if isinstance(msg, Load):
-            self.loaded = msg
-        self.sync()
-        start = time.perf_counter()
-        reply = self.worker.exchange(msg, max(self.deadline - start, 1.0))
-        wall = time.perf_counter() - start
-        if isinstance(reply, EvalResult):  # the worker timed out or died
-            raise Rejected(reply)
-        if reply.status is not Status.OK:
-            raise Rejected(EvalResult(reply.status, reply.message, device=self.device))
-        return reply, wall
-
-    def place(self, inputs: Sequence[TensorMeta], buffers: Sequence[tuple[int, torch.dtype]]
-              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        a = self.arena
-        a.reset()
-        ins = a.plan(inputs)
-        a.page()  # the inputs' pages hold nothing else: they are read-only during a verification call
-        bufs = [a.flat(n, d) for n, d in buffers]
-        self._ref = a.open()
-        return [a.view(s) for s in ins], [a.view(s) for s in bufs]
-
-    def slot(self, t: torch.Tensor) -> Slot:
-        """Where a placed tensor (or a view of one) lies in the arena."""
-        dtype = str(t.dtype).removeprefix("torch.")
-        if t.numel() == 0:  # an empty tensor is no place in the arena
-            return Slot(0, tuple(t.shape), tuple(t.stride()), dtype)
-        return Slot(t.data_ptr() - self.arena.data_ptr, tuple(t.shape), tuple(t.stride()), dtype)
-
-    def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        """With the inputs read-only (CPU); a call that dies so (SIGSEGV) is run again writable, and one that
-        then returns wrote into an input: `input_mutated`, whether it restored the input or not."""
-        ins, outs = tuple(self.slot(t) for t in inputs), tuple(self.slot(t) for t in outputs)
-        try:
-            self.step(Call(self._ref, ins, outs, readonly=not self.cuda))
-            return
-        except Rejected as r:
-            if self.cuda or r.result.status is not Status.CRASH or self.worker.last_exit != -signal.SIGSEGV:
-                raise
-        saved = [t.clone() for t in inputs]  # intact: they were read-only when it died
-        assert self.loaded is not None
-        self.step(self.loaded)  # into the new worker
-        self.step(Call(self.arena.open(), ins, outs))
-        restored = all(torch.equal(t, s) for t, s in zip(inputs, saved, strict=True))
-        raise Rejected(EvalResult(Status.INPUT_MUTATED, "wrote into an input during the call" + (
-            " and restored it after" if restored else "") + " (read-only inputs made it crash)", device=self.device))
-
-    def time(self, inputs: Sequence[torch.Tensor], kept: list[tuple[list[torch.Tensor], list[torch.Tensor]]],
-             bench: BenchConfig, batch: int = 0) -> tuple[Reply, float]:
-        """A Time step on placed inputs, kept calls into placed slots."""
-        slots = tuple((tuple(self.slot(t) for t in i), tuple(self.slot(t) for t in o)) for i, o in kept)
-        return self.step(Time(self._ref, tuple(self.slot(t) for t in inputs), slots, bench, batch))
-
-    def tune(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], effort: str, budget_s: int
-             ) -> tuple[Reply, float]:
-        """A Tune step (Helion's autotuner, forge.evaluate.autotune) on placed inputs and outputs."""
-        ins, outs = tuple(self.slot(t) for t in inputs), tuple(self.slot(t) for t in outputs)
-        return self.step(Tune(self._ref, ins, outs, effort, budget_s))
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
 
 
 def evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from forge.capture.export import output_view
-from forge.evaluate.judge import Rejected, Remote
+from forge.evaluate.remote import Rejected, Remote
 from forge.evaluate.steps import Load
 from forge.kernel import EvalResult, Status, TaskSpec
 

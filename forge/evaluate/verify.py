@@ -158,7 +158,7 @@ class Target(ABC):
     @abstractmethod
     def call(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         """Run the candidate once on placed tensors (after this process's own work on them is done) and wait
-        until it returned; a failure raises forge.evaluate.judge.Rejected with its result."""
+        until it returned; a failure raises forge.evaluate.remote.Rejected with its result."""
 
     @abstractmethod
     def sync(self) -> None:
@@ -290,7 +290,7 @@ def verify(target: Target, ref: Reference, inputs_meta: tuple[TensorMeta, ...],
         s = _prepared(ref, k, inputs_meta, outputs_meta, device, seed, finite_fill, placed)
         try:
             target.call(s.inputs, [o.tensor for o in s.outs])
-        except Exception:  # the call's failure (forge.evaluate.judge.Rejected): after an earlier set's, as one by one
+        except Exception:  # the call's failure (forge.evaluate.remote.Rejected): after an earlier set's, as one by one
             bad, _, upto = _judge_called(called, ref, outputs_meta, previous, detail)
             found = _first_failure(called[:upto], bad, settle_s, returned, target.sync, detail)
             if found is not None:

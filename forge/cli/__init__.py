@@ -174,11 +174,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from forge.export.hf_kernels import export
     from forge.review.data import find_run, open_store
 
+    store = open_store(args.db)
     try:
-        store = open_store(args.db)
         run = find_run(store, args.run)
-    except (FileNotFoundError, KeyError) as e:
-        raise UserError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+    except KeyError as e:
+        raise UserError(str(e.args[0])) from None
     load = run.config.get("load", {})
     ns = argparse.Namespace(model=load.get("file"), zoo=load.get("zoo"), device=run.device, dtype=run.dtype,
                             eval=run.config.get("mode", "eval") == "eval",

@@ -90,6 +90,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from forge import terminal
     from forge.capture import layout
     from forge.job import artifacts_root, optimize
+    from forge.review.data import open_store
     from forge.search.driver import Budget
     from forge.store import Store
     from forge.tasks.render import print_optimize
@@ -97,7 +98,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     _check_first(args)
     if _isolated_from_keys(args):
         return _run_isolated(args)
-    store = _resumed_store(args.db) if args.resume else Store(args.db)
+    store = open_store(args.db) if args.resume else Store(args.db)  # a resumed one must be there
     if args.out or not args.resume:  # a resumed run keeps the folder it started with
         folder(artifacts_root(store, args.out))  # now, not when the run's artifact is written
     budget = None
@@ -229,16 +230,6 @@ def _isolated_from_keys(args: argparse.Namespace) -> bool:
     return broker.needs_isolation() and getattr(args, "argv", None) is not None
 
 
-def _resumed_store(db: str | None) -> Store:
-    """The store a run is resumed from: one that is not there is bad input (no empty store is made)."""
-    from forge.review.data import open_store
-
-    try:
-        return open_store(db)
-    except FileNotFoundError as e:
-        raise UserError(str(e)) from None
-
-
 def _run_isolated(args: argparse.Namespace) -> int:
     """The job in a child without credentials; this process holds the LLM key (if the policy needs one) and
     sends the child's requests: the process that loads kernels holds no secret."""
@@ -247,8 +238,9 @@ def _run_isolated(args: argparse.Namespace) -> int:
     name, seconds = args.policy, args.seconds if args.seconds is not None else SECONDS
     if args.resume:
         from forge.job import resumable
+        from forge.review.data import open_store
 
-        run = resumable(_resumed_store(args.db), args.resume)
+        run = resumable(open_store(args.db), args.resume)
         name, seconds = run.policy, run.config["budget"].get("seconds", seconds)
     from forge.job import RECIPE_POLICIES
 

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from forge.confidence import noisy, speedup_ci
+from forge.errors import StoreUnavailable
 from forge.review.progress import Progress, run_series, task_progress
 from forge.store import (
     ENV,
@@ -46,13 +47,13 @@ ELSEWHERE = "--db PATH|URL or FORGE_DB=PATH|URL points at another store"
 
 
 def open_store(db: str | Path | None) -> Store:
-    """Open an existing store for reading (`db`, else $FORGE_DB, else runs/forge.db); raise FileNotFoundError
-    rather than create an empty one."""
+    """Open an existing store for reading (`db`, else $FORGE_DB, else runs/forge.db); StoreUnavailable (bad
+    input: one line) rather than create an empty one."""
     url = resolve_url(db, create=False)
     file = sqlite_file(url)
     if file is not None and not file.is_file():
         named = "named by $FORGE_DB; " if db is None and os.environ.get(ENV) else ""
-        raise FileNotFoundError(f"no run store at {file} ({named}{ELSEWHERE})")
+        raise StoreUnavailable(f"no run store at {file} ({named}{ELSEWHERE})")
     return Store(url)
 
 

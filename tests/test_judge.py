@@ -87,6 +87,27 @@ def test_an_eager_time_made_slower_is_replaced_by_the_judges(spec: TaskSpec, tmp
     assert r.speedup is not None and honest.speedup is not None and r.speedup < 20 * honest.speedup
 
 
+def _retimed(mode: str, spec: TaskSpec, cand: Candidate, tmp_path: Path) -> object:
+    from forge.search.confirm import CONFIRM_BENCH
+
+    with Evaluator("cpu", timeout_s=60, cache_dir=tmp_path) as ev:
+        ev.worker.close()
+        ev.worker = Worker("cpu", program=(TAKEN_OVER, mode))
+        return ev.retime(spec, cand, CONFIRM_BENCH)
+
+
+def test_the_confirmations_timing_is_held_to_the_same_checks(spec: TaskSpec, tmp_path: Path) -> None:
+    """Timed again (forge.search.confirm: the timing a task's winner is picked by), a candidate is held to the
+    first evaluation's checks: a clock that claims 20x less is caught, an eager made 1000x slower is replaced by
+    the judge's own (a kernel that tells the confirmation from the search gains nothing by it)."""
+    honest = _retimed("none", spec, Candidate("cpu", SLOW_SILU), tmp_path)
+    assert honest.status is Status.OK and honest.message == "timed again", f"{honest.status}: {honest.message}"
+    fast = _retimed("fast-clock", spec, Candidate("cpu", SLOW_SILU), tmp_path)
+    assert fast.status is Status.FORBIDDEN_TIMER and "clock disagrees" in fast.message, f"{fast.status}: {fast.message}"
+    slow = _retimed("slow-eager", spec, Candidate.from_file(CORPUS / "good.cpp"), tmp_path)
+    assert slow.status is Status.OK and "eager_disagrees" in slow.verify, f"{slow.status}: {slow.verify}"
+
+
 @pytest.mark.parametrize(("kind", "status"), [("wrong_result", Status.WRONG_RESULT), ("nan", Status.NONFINITE),
                                                ("drift_after_judging", Status.WRONG_RESULT)])
 def test_patching_the_verifier_in_the_worker_changes_nothing(kind: str, status: Status, spec: TaskSpec,

@@ -22,6 +22,8 @@ the error, the roofline floor's bandwidth, and a clock the candidate cannot reac
    replaced by this process's measurement;
 5. verification again on FIRST's sets from a secret seed, outputs pre-filled with finite values, each watched
    from its call's return until a moment after the last call returned; then the roofline floor.
+A candidate timed again (`retime`: forge.search.confirm's timing, which picks a task's winner) is not verified
+again but for its kept calls; steps 3 and 4, eager's check and the roofline floor hold for it as they do here.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -113,12 +115,8 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         rate = bandwidth(device)  # before any timing: a measurement ahead (measure_ahead) is not beside one
         remote.step(Load(task, req.backend, req.path, req.entry))
         lap("load")
-        if req.retime and req.bench is not None:  # verified before: timed again, its kept calls still judged
-            timing, baseline, wrong, note = _settled(remote, ref, task, device, req.seed, req.bench)
-            if wrong is not None:
-                return result(wrong.status, wrong.message, verify={"timed": wrong.detail})
-            return result(Status.OK, "timed again", timing=timing, baseline=baseline,
-                          verify={"disturbed": note} if note else {})
+        if req.retime and req.bench is not None:  # verified before: timed again, held to the same checks
+            return _retimed(remote, ref, task, req, rate, lap, result)
         # without timing (bench None) there is no verification after it: every set now
         verdict = verify(remote, ref, task.inputs, task.outputs, device, req.seed,
                          kinds=FIRST if req.bench is not None else tuple(range(SETS)))
@@ -159,6 +157,22 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
     finally:
         worker.arena.reset()
         worker.arena.shrink()
+
+
+def _retimed(remote: Remote, ref: Reference, task: TaskSpec, req: EvalRequest, rate: float, lap: _Laps,
+             result: Callable[..., EvalResult]) -> EvalResult:
+    """A candidate verified before, timed again (forge.search.confirm: the timing its task's winner is picked
+    by): its kept calls judged, its clock cross-checked, its eager checked and its median held to the roofline
+    floor as in a first evaluation (a kernel that tells the confirmation from the search gains nothing by it)."""
+    assert req.bench is not None
+    timing, baseline, notes = _checked_timing(remote, ref, task, remote.device, req, {}, lap)
+    baseline, detail = _eager_check(ref, task, remote.device, baseline, req.bench,
+                                    {k: v for k, v in notes.items() if v})
+    floor_us, rate = _floor(task, remote.device, rate, timing.median_us, req.floor_factor)
+    if floor_us and timing.median_us < req.floor_factor * floor_us:
+        return result(Status.TOO_FAST, f"timed again: median {timing.median_us:.2f} us is below the roofline floor "
+                      f"{floor_us:.2f} us", verify=detail, timing=timing, baseline=baseline, floor_us=floor_us)
+    return result(Status.OK, "timed again", timing=timing, baseline=baseline, verify=detail, floor_us=floor_us)
 
 
 def _floor(task: TaskSpec, device: str, rate: float, median_us: float, factor: float

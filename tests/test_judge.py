@@ -289,13 +289,18 @@ def test_the_cross_check_ranks_a_launch_path_the_clock_hides_by_its_own_clock() 
     stands; over it by no more than the launch path the GPU clock leaves out (flush and pad), the candidate is
     ranked by the judge's time a call, never below its claim; beyond, the clocks disagree (no timing)."""
     from forge.evaluate.judge import RATIO, SLACK_US, batch_verdict
+    from forge.kernel import Timing
 
-    claimed, round_us, hidden = 5.0, 15.0, 200.0
+    claim = Timing(5.0, 4.5, 6.0, 5.1, 0.4, 30, 4.8, 5.3)
+    claimed, round_us, hidden = claim.median_us, 15.0, 200.0
     allowed = RATIO * (claimed + round_us) + SLACK_US
-    assert batch_verdict(allowed - 1, claimed, round_us, hidden, 40) == ("", None)
-    note, judged = batch_verdict(allowed + 60, claimed, round_us, hidden, 40)
+    assert batch_verdict(allowed - 1, claim, round_us, hidden, 40) == ("", None)
+    note, judged = batch_verdict(allowed + 60, claim, round_us, hidden, 40)
     assert note.startswith("ranked by forge's clock: ") and judged is not None
-    assert judged.median_us == pytest.approx(allowed + 60 - round_us) and judged.n == 40
-    note, judged = batch_verdict(allowed + hidden + 1, claimed, round_us, hidden, 40)
+    k = (allowed + 60 - round_us) / claimed
+    assert judged.median_us == pytest.approx(allowed + 60 - round_us) and judged.n == claim.n
+    # its interval is the claim's, scaled: no more certain than the worker's samples (forge.confidence)
+    assert (judged.ci_lo_us, judged.ci_hi_us, judged.p90_us) == pytest.approx((4.8 * k, 5.3 * k, 6.0 * k))
+    note, judged = batch_verdict(allowed + hidden + 1, claim, round_us, hidden, 40)
     assert note.startswith("the worker's clock disagrees with forge's") and judged is None
-    assert batch_verdict(allowed + 1, claimed, round_us, 0.0, 40)[1] is None  # the CPU clock hides nothing
+    assert batch_verdict(allowed + 1, claim, round_us, 0.0, 40)[1] is None  # the CPU clock hides nothing

@@ -141,12 +141,9 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
             return result(late.status, f"after timing: {late.message}", verify=detail)
         lap("late")
         detail = {**detail, "phases_s": lap.rounded()}
-        floor_us, rate = _floor(task, device, rate, timing.median_us, req.floor_factor)
-        if floor_us and timing.median_us < req.floor_factor * floor_us:
-            return result(Status.TOO_FAST, f"median {timing.median_us:.2f} us is below the roofline floor "
-                          f"{floor_us:.2f} us ({task.floor_bytes} bytes at {rate / 1e9:.0f} GB/s)",
-                          verify=detail, timing=timing, baseline=baseline, floor_us=floor_us)
-        return result(Status.OK, "", verify=detail, timing=timing, baseline=baseline, floor_us=floor_us)
+        floor_us, too_fast = _floor(task, device, rate, timing.median_us, req.floor_factor)
+        return result(Status.TOO_FAST if too_fast else Status.OK, too_fast, verify=detail, timing=timing,
+                      baseline=baseline, floor_us=floor_us)
     except Rejected as r:
         return replace(r.result, device=device, device_s=time.perf_counter() - start)
     except (torch.OutOfMemoryError, MemoryError) as e:  # the judge's own copies and references
@@ -163,27 +160,32 @@ def _retimed(remote: Remote, ref: Reference, task: TaskSpec, req: EvalRequest, r
              result: Callable[..., EvalResult]) -> EvalResult:
     """A candidate verified before, timed again (forge.search.confirm: the timing its task's winner is picked
     by): its kept calls judged, its clock cross-checked, its eager checked and its median held to the roofline
-    floor as in a first evaluation (a kernel that tells the confirmation from the search gains nothing by it)."""
+    floor as in a first evaluation (a kernel that tells the confirmation from the search gains nothing by it).
+    Not verified again but for its kept calls: no repeated calls, no check after timing."""
     assert req.bench is not None
-    timing, baseline, notes = _checked_timing(remote, ref, task, remote.device, req, {}, lap)
+    try:
+        timing, baseline, notes = _checked_timing(remote, ref, task, remote.device, req, {}, lap)
+    except Rejected as r:
+        raise Rejected(replace(r.result, message=f"timed again: {r.result.message}")) from None
     baseline, detail = _eager_check(ref, task, remote.device, baseline, req.bench,
                                     {k: v for k, v in notes.items() if v})
-    floor_us, rate = _floor(task, remote.device, rate, timing.median_us, req.floor_factor)
-    if floor_us and timing.median_us < req.floor_factor * floor_us:
-        return result(Status.TOO_FAST, f"timed again: median {timing.median_us:.2f} us is below the roofline floor "
-                      f"{floor_us:.2f} us", verify=detail, timing=timing, baseline=baseline, floor_us=floor_us)
-    return result(Status.OK, "timed again", timing=timing, baseline=baseline, verify=detail, floor_us=floor_us)
+    floor_us, too_fast = _floor(task, remote.device, rate, timing.median_us, req.floor_factor)
+    return result(Status.TOO_FAST if too_fast else Status.OK, f"timed again{': ' + too_fast if too_fast else ''}",
+                  timing=timing, baseline=baseline, verify={**detail, "phases_s": lap.rounded()}, floor_us=floor_us)
 
 
-def _floor(task: TaskSpec, device: str, rate: float, median_us: float, factor: float
-           ) -> tuple[float | None, float]:
-    """The task's roofline floor in microseconds and the bandwidth it is at: `rate` (measured before timing), or
-    measured again when the median is below `factor` times the floor (the rate was measured once)."""
+def _floor(task: TaskSpec, device: str, rate: float, median_us: float, factor: float) -> tuple[float | None, str]:
+    """The task's roofline floor in microseconds, and why the median is too fast for it ("" when it is not): the
+    floor at `rate` (measured before timing), or at the rate measured again when the median is below `factor`
+    times the floor (the rate was measured once)."""
     floor_us = task.floor_bytes / rate * 1e6 if rate else None
     if floor_us and median_us < factor * floor_us:
         rate = remeasured(device)
         floor_us = task.floor_bytes / rate * 1e6
-    return floor_us, rate
+        if median_us < factor * floor_us:
+            return floor_us, (f"median {median_us:.2f} us is below the roofline floor {floor_us:.2f} us "
+                              f"({task.floor_bytes} bytes at {rate / 1e9:.0f} GB/s)")
+    return floor_us, ""
 
 
 def _checked_timing(remote: Remote, ref: Reference, task: TaskSpec, device: str, req: EvalRequest,
@@ -207,7 +209,8 @@ def _checked_timing(remote: Remote, ref: Reference, task: TaskSpec, device: str,
             return judged, baseline, {"disturbed": note, "clock": disagree}
         if not disagree:
             return timing, baseline, {"disturbed": note}
-    raise Rejected(EvalResult(Status.FORBIDDEN_TIMER, disagree, verify=detail, timing=timing, baseline=baseline))
+    # the claimed timing stays for review; the worker's eager, never checked, is no baseline anything counts
+    raise Rejected(EvalResult(Status.FORBIDDEN_TIMER, disagree, verify=detail, timing=timing))
 
 
 def _inputs(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: int,
@@ -340,13 +343,16 @@ def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, ti
     wrong = judge_kept(ref, task, decisive, "batched")
     if wrong is not None:
         raise Rejected(EvalResult(wrong.status, wrong.message, verify={"batched": wrong.detail}, device=device))
-    return batch_verdict(per_round, claimed, round_us, hidden_us(device), n)
+    return batch_verdict(per_round, timing, round_us, hidden_us(device), n)
 
 
-def batch_verdict(per_round: float, claimed: float, round_us: float, hidden: float, n: int
+def batch_verdict(per_round: float, timing: Timing, round_us: float, hidden: float, n: int
                   ) -> tuple[str, Timing | None]:
     """`_batch_check`'s decision on the judge's time a round (the least disturbed of SPLIT batches of `n`), the
-    worker's claimed median, a round's own cost and the launch path the worker's clock leaves out (`hidden`)."""
+    worker's timing, a round's own cost and the launch path the worker's clock leaves out (`hidden`). A
+    candidate ranked by the judge's clock keeps its timing's spread and interval, scaled to the judge's median
+    (a point with no interval would look certain to forge.confidence, and win where intervals overlap)."""
+    claimed = timing.median_us
     allowed = RATIO * (claimed + round_us) + SLACK_US
     if per_round <= allowed:
         return "", None
@@ -354,7 +360,15 @@ def batch_verdict(per_round: float, claimed: float, round_us: float, hidden: flo
         here = max(per_round - round_us, claimed)
         return (f"ranked by forge's clock: {SPLIT} batches of {n} calls took {per_round:.1f} us a call, more than "
                 f"the worker's {claimed:.1f} us allows ({allowed:.1f}) and within the launch path the clock leaves "
-                f"out ({hidden:.1f} us)"), Timing(here, here, here, here, 0.0, n, here, here)
+                f"out ({hidden:.1f} us)"), scaled(timing, here / max(claimed, 1e-9))
     return (f"the worker's clock disagrees with forge's: {SPLIT} batches of {n} calls took at least "
             f"{per_round:.1f} us a call by forge's clock, the worker measured {claimed:.1f} us (allowed up "
             f"to {allowed:.1f})"), None
+
+
+def scaled(t: Timing, k: float) -> Timing:
+    """`t` with every time multiplied by `k` (its spread and interval relative to its median kept)."""
+    def times(v: float | None) -> float | None:
+        return None if v is None else v * k
+    return replace(t, median_us=t.median_us * k, p10_us=t.p10_us * k, p90_us=t.p90_us * k, mean_us=t.mean_us * k,
+                   std_us=t.std_us * k, ci_lo_us=times(t.ci_lo_us), ci_hi_us=times(t.ci_hi_us))

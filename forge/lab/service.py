@@ -36,6 +36,7 @@ from forge.lab.found import Found, make_inputs
 from forge.lab.inputs import Settings, make, parse_settings
 from forge.lab.lower import IDEAS, Lowered, lower
 from forge.lab.memo import KeyLocks, Recent
+from forge.search.confirm import KEEPS_FIRST
 from forge.tasks.cut import compile_source
 
 log = logging.getLogger(__name__)
@@ -198,15 +199,17 @@ class Lab:
 
     def forge_run(self, spec: TaskSpec, j: Judged, inputs: list[torch.Tensor]) -> Outcome | EvalResult:
         """A judged kernel called on these inputs (in the task's order) in the worker and timed again against
-        eager there; eager's outputs computed here. A failure of the call is its EvalResult."""
+        eager there; eager's outputs computed here. A failure of the call, or of its timing, is its EvalResult."""
         ins = [x.to(self.device) for x in inputs]
         got = self.evaluator.call(spec, j.candidate, ins)
         if isinstance(got, EvalResult):
             return got
         eager = tuple(e.cpu() for e in compile_source(spec.source)(*ins))
         timed = self.evaluator.retime(spec, j.candidate, LAB_BENCH)
+        if not timed.status.passed and timed.status not in KEEPS_FIRST:
+            return timed  # found wrong when timed again (its clock, its kept calls): eager runs, and says why
         us, eager_us = j.verdict.us, j.verdict.eager_us
-        if timed.timing and timed.baseline:
+        if timed.status.passed and timed.timing and timed.baseline:
             us, eager_us = timed.timing.median_us, timed.baseline.median_us
         outs = tuple(o.cpu() for o in got)
         return Outcome("forge", "", j.verdict.status, "", tuple(inputs), outs, eager, max_error(outs, eager), us,

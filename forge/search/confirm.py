@@ -3,12 +3,14 @@
 The search times each candidate briefly (forge.bench.DEFAULT_BENCH: 10 samples at least), enough to steer the
 tree, not to tell two close candidates apart. So at the end of a task its `TOP` fastest passing candidates (by
 median) are timed again through the same path (the worker's interleaved clock against eager, the kept calls
-judged; forge.evaluate.judge with `retime`) with `CONFIRM_BENCH`, and forge.confidence.decide picks the winner
-on their intervals: a candidate beats eager, or another candidate, only where the intervals do not overlap.
-The fastest is always timed again, the others while the run's clock allows; a re-timing there is no time or
-memory left for (a timeout, out of memory), or none at all, keeps the search's own timing. A re-timing that
+judged, the worker's clock and eager cross-checked, the roofline floor; forge.evaluate.judge with `retime`) with
+`CONFIRM_BENCH`, and forge.confidence.decide picks the winner on their intervals: a candidate beats eager, or
+another candidate, only where the intervals do not overlap. The fastest is always timed again, the others while
+the run's clock allows; a re-timing there is no time or memory left for (a timeout, out of memory), one the
+judge itself failed in (`reference_error`), or none at all, keeps the search's own timing. A re-timing that
 finds the candidate wrong (its kept calls judged: a wrong result, a partial write, a mutated input, a clock that
-disagrees...) is the candidate's result from then on: it is recorded and the candidate is no contender.
+disagrees, a median below the floor...) is the candidate's result from then on: it is recorded and the
+candidate is no contender.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ log = logging.getLogger(__name__)
 TOP = 3  # candidates timed again per task
 CONFIRM_BENCH = BenchConfig(warmup_s=0.05, budget_s=0.6, min_runs=30, max_runs=400)
 IMPROVED = 1.05  # a winner is at least this much faster than what it replaces, by the medians
-KEEPS_FIRST = (Status.TIMEOUT, Status.OUT_OF_MEMORY)  # re-timings that say nothing against the candidate
+# re-timings that say nothing against the candidate: no time or memory left, the judge's own failure
+KEEPS_FIRST = (Status.TIMEOUT, Status.OUT_OF_MEMORY, Status.REFERENCE_ERROR)
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,18 @@ def test_the_confirmations_timing_is_held_to_the_same_checks(spec: TaskSpec, tmp
     assert slow.status is Status.OK and "eager_disagrees" in slow.verify, f"{slow.status}: {slow.verify}"
 
 
+@pytest.mark.parametrize(("kind", "status"), [("clamps_large", Status.WRONG_RESULT),
+                                               ("nan_at_zero", Status.NONFINITE),
+                                               ("skip_repeat", Status.STALE_RESULT)])
+def test_a_kernel_that_behaves_until_the_confirmation_is_caught_there(kind: str, status: Status, spec: TaskSpec,
+                                                                     tmp_path: Path) -> None:
+    """Timed again without a first evaluation, as a kernel that behaves until the confirmation would be: wrong
+    on hard values (the verification after timing), skipping work on a repeated output pointer (the calls on
+    the same buffers). The judge before 2026-12-07 accepted all three there."""
+    r = _retimed("none", spec, Candidate.from_file(CORPUS / f"{kind}.cpp"), tmp_path)
+    assert r.status is status and r.message.startswith("timed again"), f"{r.status}: {r.message}"
+
+
 @pytest.mark.parametrize(("kind", "status"), [("wrong_result", Status.WRONG_RESULT), ("nan", Status.NONFINITE),
                                                ("drift_after_judging", Status.WRONG_RESULT)])
 def test_patching_the_verifier_in_the_worker_changes_nothing(kind: str, status: Status, spec: TaskSpec,

@@ -22,8 +22,8 @@ the error, the roofline floor's bandwidth, and a clock the candidate cannot reac
    replaced by this process's measurement;
 5. verification again on FIRST's sets from a secret seed, outputs pre-filled with finite values, each watched
    from its call's return until a moment after the last call returned; then the roofline floor.
-A candidate timed again (`retime`: forge.search.confirm's timing, which picks a task's winner) is not verified
-again but for its kept calls; steps 3 and 4, eager's check and the roofline floor hold for it as they do here.
+A candidate timed again (`retime`: forge.search.confirm's timing, which picks a task's winner) is loaded and
+skips step 1's verification; steps 2 to 5 hold for it as they do here.
 """
 
 from __future__ import annotations
@@ -132,11 +132,7 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         detail = {**detail, **{k: v for k, v in notes.items() if v}}
         baseline, detail = _eager_check(ref, task, device, baseline, req.bench, detail)
         lap("eager")
-        # The calls judged are not only the first ones: FIRST's sets again, from a seed drawn here, after all
-        # the timed calls, into outputs holding finite values (not the NaN poison a kernel could look for),
-        # each output watched for a moment after its call returned.
-        late = verify(remote, ref, task.inputs, task.outputs, device, _SYSTEM.getrandbits(40), settle_s=0.02,
-                      finite_fill=True, kinds=FIRST)
+        late = _late(remote, ref, task)
         if late.status is not Status.OK:
             return result(late.status, f"after timing: {late.message}", verify=detail)
         lap("late")
@@ -160,18 +156,34 @@ def _retimed(remote: Remote, ref: Reference, task: TaskSpec, req: EvalRequest, r
              result: Callable[..., EvalResult]) -> EvalResult:
     """A candidate verified before, timed again (forge.search.confirm: the timing its task's winner is picked
     by): its kept calls judged, its clock cross-checked, its eager checked and its median held to the roofline
-    floor as in a first evaluation (a kernel that tells the confirmation from the search gains nothing by it).
-    Not verified again but for its kept calls: no repeated calls, no check after timing."""
+    floor as in a first evaluation, called twice on the same buffers before and verified after timing as there
+    (a kernel that tells the confirmation from the search gains nothing by it). Not verified before timing."""
     assert req.bench is not None
+    skipped = skips_repeats(remote, ref, task, remote.device, req.seed)
+    if skipped is not None:
+        return result(skipped.status, f"timed again: {skipped.message}")
+    lap("repeats")
     try:
         timing, baseline, notes = _checked_timing(remote, ref, task, remote.device, req, {}, lap)
     except Rejected as r:
         raise Rejected(replace(r.result, message=f"timed again: {r.result.message}")) from None
     baseline, detail = _eager_check(ref, task, remote.device, baseline, req.bench,
                                     {k: v for k, v in notes.items() if v})
+    late = _late(remote, ref, task)
+    if late.status is not Status.OK:
+        return result(late.status, f"timed again, then: {late.message}", verify=detail)
+    lap("late")
     floor_us, too_fast = _floor(task, remote.device, rate, timing.median_us, req.floor_factor)
     return result(Status.TOO_FAST if too_fast else Status.OK, f"timed again{': ' + too_fast if too_fast else ''}",
                   timing=timing, baseline=baseline, verify={**detail, "phases_s": lap.rounded()}, floor_us=floor_us)
+
+
+def _late(remote: Remote, ref: Reference, task: TaskSpec) -> Verdict:
+    """The calls judged are not only the first ones: FIRST's sets again, from a seed drawn here, after all the
+    timed calls, into outputs holding finite values (not the NaN poison a kernel could look for), each output
+    watched for a moment after its call returned."""
+    return verify(remote, ref, task.inputs, task.outputs, remote.device, _SYSTEM.getrandbits(40), settle_s=0.02,
+                  finite_fill=True, kinds=FIRST)
 
 
 def _floor(task: TaskSpec, device: str, rate: float, median_us: float, factor: float) -> tuple[float | None, str]:

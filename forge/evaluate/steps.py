@@ -27,8 +27,8 @@ class EvalRequest:
     seed: int = 0
     bench: BenchConfig | None = DEFAULT_BENCH
     floor_factor: float = 0.8  # reject below this fraction of the roofline floor
-    retime: bool = False  # only time it again (load, the timed rounds with their kept calls judged, the clock's
-    # and eager's cross-checks, the floor; no other verification): forge.search.confirm's confirmation
+    retime: bool = False  # time it again (all but the verification before timing: the repeated calls, the timed
+    # rounds with their kept calls judged, the cross-checks, the verification after, the floor): a confirmation
 
 
 @dataclass(frozen=True)

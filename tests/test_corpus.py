@@ -50,6 +50,8 @@ C_KINDS = {
     # the hard input values (zeros, exp's overflow edge, large magnitudes) and the timed calls judged
     "nan_at_zero": "nonfinite", "clamps_large": "wrong_result", "overflowing_exp": "nonfinite",
     "caches_on_samples": "wrong_result", "skips_unless_poisoned": "stale_result",
+    # computes only when its output address changes: kept calls must get the address the others get
+    "skips_unless_kept": "wrong_result",
 }
 # CPU kernels whose source passes the text checks and whose built library does not (forge.evaluate.elfcheck).
 BINARY_KINDS = {"pasted_system": "forbidden_io", "spaced_thread": "forbidden_concurrency",

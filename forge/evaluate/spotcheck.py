@@ -10,7 +10,9 @@ elements) would be timed doing less than the work. So, before every round (warm-
   timed region) and their outputs kept; after timing each kept output is judged against the reference on
   its own inputs as verification judges (NaN/Inf, tolerance, integer equality), by forge.evaluate.judge in forge's
   process: the worker copies the kept calls into slots of the shared arena (forge.evaluate.arena).
-Which calls are kept cannot be told from the call: every call gets fresh outputs and perturbed inputs.
+Which calls are kept cannot be told from the call: every call gets fresh outputs and perturbed inputs, and
+the kept inputs' copies are allocated before the first round (every round allocates alike: a kept call's
+outputs get the address the others get).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class SpotCheck:
         self.round = -1
         self.pending: list[torch.Tensor] | None = None
         self.kept: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+        # The kept calls' input copies, allocated now: a copy made in its round would take the block the
+        # allocator hands a call's outputs round after round, and a kept call's outputs would land elsewhere (a
+        # kernel that computed only when its output address changed was timed skipping, and judged computing).
+        self._copies = [[torch.empty_like(x) for x in inputs] for _ in range(self.limit)]
 
     def prepare(self, timed: bool) -> None:
         """Before a round: new values at random input positions; for a timed round that is kept, a copy of
@@ -63,7 +69,9 @@ class SpotCheck:
         self.round += 1  # of the timed rounds
         keep = self.round in self.sure or (self.round > max(self.sure, default=0) and _SYSTEM.random() < LATER)
         if keep and len(self.kept) < self.limit:
-            self.pending = [x.clone() for x in self.inputs]
+            self.pending = self._copies[len(self.kept)]
+            for copy, x in zip(self.pending, self.inputs, strict=True):
+                copy.copy_(x)
 
     def wrap(self, call: Callable[[list[torch.Tensor], list[torch.Tensor]], None]) -> Callable[[], None]:
         """The candidate's timed callable: fresh outputs every call (a fair clock), kept when drawn."""

@@ -1,0 +1,56 @@
+"""Hostile kernels evaluated several times on one device: status, claimed median and eager's, per evaluation.
+
+For the spot check's kept calls (00c320e): `tests/corpus/*/skips_unless_kept.*` computes only when its output
+address changes; before 00c320e the kept calls' input copies, made in their round, took the block the allocator
+hands the outputs round after round, so kept calls computed and the rest skipped. Run from a tree of the commit
+to compare (its forge/ first on PYTHONPATH) and from this one:
+
+    python benchmarks/kept_address.py --device cuda --n 3 --json OUT.json tests/corpus/cuda/skips_unless_kept.cu ...
+
+Prints a table and writes the rows as JSON (each with the forge module it ran, so a row says which tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+import forge
+from forge.capture.export import capture
+from forge.evaluate.evaluator import Evaluator
+from forge.kernel import Candidate, TaskSpec
+from forge.tasks.cut import build_tasks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--n", type=int, default=3, help="evaluations of each file")
+    ap.add_argument("--shape", default="257,1000", help="the SiLU input's shape (the corpus's by default)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    shape = [int(s) for s in args.shape.split(",")]
+    spec = TaskSpec.of(build_tasks(capture(torch.nn.SiLU(), [torch.randn(*shape)]).graph_module.graph)[0])
+    rows = []
+    with tempfile.TemporaryDirectory() as cache, Evaluator(args.device, timeout_s=120, cache_dir=Path(cache)) as ev:
+        for i in range(args.n):
+            for f in args.files:
+                r = ev.evaluate(spec, Candidate.from_file(f))
+                rows.append({"file": str(f), "run": i, "status": r.status.value,
+                             "median_us": r.timing.median_us if r.timing else None,
+                             "eager_us": r.baseline.median_us if r.baseline else None, "message": r.message[:200],
+                             "forge": forge.__file__, "device": torch.cuda.get_device_name()
+                             if args.device.startswith("cuda") else "cpu", "shape": shape})
+                print(f"| {f.name} | {i} | {r.status.value} | "
+                      f"{rows[-1]['median_us'] or 0:.1f} | {rows[-1]['eager_us'] or 0:.1f} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,16 +1,17 @@
 """Before a task's winner is declared: its fastest candidates timed again, with enough samples for intervals.
 
-The search times each candidate briefly (forge.bench.DEFAULT_BENCH: 10 samples at least), enough to steer the
-tree, not to tell two close candidates apart. So at the end of a task its `TOP` fastest passing candidates (by
-median) are timed again through the same path (the worker's interleaved clock against eager, the kept calls
-judged, the worker's clock and eager cross-checked, the roofline floor; forge.evaluate.judge with `retime`) with
+The search times each candidate briefly (forge.bench.DEFAULT_BENCH: 10 samples at least), enough to steer the tree,
+not to tell two close candidates apart. So at the end of a task its `TOP` fastest passing candidates (by median)
+are timed again through the same path, held to a first evaluation's checks but the verification before timing (the
+calls on the same buffers, the worker's interleaved clock against eager with the kept calls judged, the clock and
+eager cross-checked, the verification after timing, the roofline floor; forge.evaluate.judge with `retime`) with
 `CONFIRM_BENCH`, and forge.confidence.decide picks the winner on their intervals: a candidate beats eager, or
-another candidate, only where the intervals do not overlap. The fastest is always timed again, the others while
-the run's clock allows; a re-timing there is no time or memory left for (a timeout, out of memory), one the
-judge itself failed in (`reference_error`), or none at all, keeps the search's own timing. A re-timing that
-finds the candidate wrong (its kept calls judged: a wrong result, a partial write, a mutated input, a clock that
-disagrees, a median below the floor...) is the candidate's result from then on: it is recorded and the
-candidate is no contender.
+another candidate, only where the intervals do not overlap. The fastest is always timed again, the others while the
+run's clock allows; a re-timing there is no time or memory left for (a timeout, out of memory), one the judge
+itself failed in (`reference_error`), or none at all, keeps the search's own timing. A re-timing that finds the
+candidate wrong (its kept calls judged: a wrong result, a partial write, a mutated input, a clock that disagrees, a
+median below the floor...) is the candidate's result from then on: it is recorded and the candidate is no
+contender.
 """
 
 from __future__ import annotations

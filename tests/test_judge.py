@@ -50,11 +50,15 @@ def spec() -> TaskSpec:
     return TaskSpec.of(tasks[0])
 
 
-def _evaluate(mode: str, spec: TaskSpec, cand: Candidate, tmp_path: Path) -> object:
+def _evaluate(mode: str, spec: TaskSpec, cand: Candidate, tmp_path: Path, again: bool = False) -> object:
+    """The candidate evaluated by a worker taken over as `mode` says, or (`again`) timed again as
+    forge.search.confirm does."""
+    from forge.search.confirm import CONFIRM_BENCH
+
     with Evaluator("cpu", timeout_s=60, cache_dir=tmp_path) as ev:
         ev.worker.close()
         ev.worker = Worker("cpu", program=(TAKEN_OVER, mode))
-        return ev.evaluate(spec, cand)
+        return ev.retime(spec, cand, CONFIRM_BENCH) if again else ev.evaluate(spec, cand)
 
 
 def test_an_untouched_worker_passes_a_slow_right_kernel(spec: TaskSpec, tmp_path: Path) -> None:
@@ -87,24 +91,16 @@ def test_an_eager_time_made_slower_is_replaced_by_the_judges(spec: TaskSpec, tmp
     assert r.speedup is not None and honest.speedup is not None and r.speedup < 20 * honest.speedup
 
 
-def _retimed(mode: str, spec: TaskSpec, cand: Candidate, tmp_path: Path) -> object:
-    from forge.search.confirm import CONFIRM_BENCH
-
-    with Evaluator("cpu", timeout_s=60, cache_dir=tmp_path) as ev:
-        ev.worker.close()
-        ev.worker = Worker("cpu", program=(TAKEN_OVER, mode))
-        return ev.retime(spec, cand, CONFIRM_BENCH)
-
-
 def test_the_confirmations_timing_is_held_to_the_same_checks(spec: TaskSpec, tmp_path: Path) -> None:
     """Timed again (forge.search.confirm: the timing a task's winner is picked by), a candidate is held to the
     first evaluation's checks: a clock that claims 20x less is caught, an eager made 1000x slower is replaced by
     the judge's own (a kernel that tells the confirmation from the search gains nothing by it)."""
-    honest = _retimed("none", spec, Candidate("cpu", SLOW_SILU), tmp_path)
+    honest = _evaluate("none", spec, Candidate("cpu", SLOW_SILU), tmp_path, again=True)
     assert honest.status is Status.OK and honest.message == "timed again", f"{honest.status}: {honest.message}"
-    fast = _retimed("fast-clock", spec, Candidate("cpu", SLOW_SILU), tmp_path)
+    fast = _evaluate("fast-clock", spec, Candidate("cpu", SLOW_SILU), tmp_path, again=True)
     assert fast.status is Status.FORBIDDEN_TIMER and "clock disagrees" in fast.message, f"{fast.status}: {fast.message}"
-    slow = _retimed("slow-eager", spec, Candidate.from_file(CORPUS / "good.cpp"), tmp_path)
+    slow = _evaluate("slow-eager", spec, Candidate.from_file(CORPUS / "good.cpp"), tmp_path,
+                     again=True)
     assert slow.status is Status.OK and "eager_disagrees" in slow.verify, f"{slow.status}: {slow.verify}"
 
 
@@ -116,7 +112,7 @@ def test_a_kernel_that_behaves_until_the_confirmation_is_caught_there(kind: str,
     """Timed again without a first evaluation, as a kernel that behaves until the confirmation would be: wrong
     on hard values (the verification after timing), skipping work on a repeated output pointer (the calls on
     the same buffers). The judge before 2026-12-07 accepted all three there."""
-    r = _retimed("none", spec, Candidate.from_file(CORPUS / f"{kind}.cpp"), tmp_path)
+    r = _evaluate("none", spec, Candidate.from_file(CORPUS / f"{kind}.cpp"), tmp_path, again=True)
     assert r.status is status and r.message.startswith("timed again"), f"{r.status}: {r.message}"
 
 

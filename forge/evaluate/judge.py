@@ -116,30 +116,14 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         remote.step(Load(task, req.backend, req.path, req.entry))
         lap("load")
         if req.retime and req.bench is not None:  # verified before: timed again, held to the same checks
-            return _retimed(remote, ref, task, req, rate, lap, result)
+            return _timed_and_after(remote, ref, task, req, rate, lap, result, {}, again=True)
         # without timing (bench None) there is no verification after it: every set now
         verdict = verify(remote, ref, task.inputs, task.outputs, device, req.seed,
                          kinds=FIRST if req.bench is not None else tuple(range(SETS)))
         if verdict.status is not Status.OK or req.bench is None:
             return result(verdict.status, verdict.message, verify=verdict.detail)
-        detail = verdict.detail
         lap("verify")
-        skipped = skips_repeats(remote, ref, task, device, req.seed)
-        if skipped is not None:
-            return result(skipped.status, skipped.message, verify=detail)
-        lap("repeats")
-        timing, baseline, notes = _checked_timing(remote, ref, task, device, req, detail, lap)
-        detail = {**detail, **{k: v for k, v in notes.items() if v}}
-        baseline, detail = _eager_check(ref, task, device, baseline, req.bench, detail)
-        lap("eager")
-        late = _late(remote, ref, task)
-        if late.status is not Status.OK:
-            return result(late.status, f"after timing: {late.message}", verify=detail)
-        lap("late")
-        detail = {**detail, "phases_s": lap.rounded()}
-        floor_us, too_fast = _floor(task, device, rate, timing.median_us, req.floor_factor)
-        return result(Status.TOO_FAST if too_fast else Status.OK, too_fast, verify=detail, timing=timing,
-                      baseline=baseline, floor_us=floor_us)
+        return _timed_and_after(remote, ref, task, req, rate, lap, result, verdict.detail, again=False)
     except Rejected as r:
         return replace(r.result, device=device, device_s=time.perf_counter() - start)
     except (torch.OutOfMemoryError, MemoryError) as e:  # the judge's own copies and references
@@ -152,30 +136,38 @@ def _evaluate(worker: Worker, req: EvalRequest, timeout_s: float) -> EvalResult:
         worker.arena.shrink()
 
 
-def _retimed(remote: Remote, ref: Reference, task: TaskSpec, req: EvalRequest, rate: float, lap: _Laps,
-             result: Callable[..., EvalResult]) -> EvalResult:
-    """A candidate verified before, timed again (forge.search.confirm: the timing its task's winner is picked
-    by): its kept calls judged, its clock cross-checked, its eager checked and its median held to the roofline
-    floor as in a first evaluation, called twice on the same buffers before and verified after timing as there
-    (a kernel that tells the confirmation from the search gains nothing by it). Not verified before timing."""
+def _timed_and_after(remote: Remote, ref: Reference, task: TaskSpec, req: EvalRequest, rate: float, lap: _Laps,
+                     result: Callable[..., EvalResult], detail: dict[str, Any], again: bool) -> EvalResult:
+    """Steps 2 to 5, after the verification of step 1 (its `detail`), or `again` for a candidate verified before
+    and timed again (forge.search.confirm: the timing its task's winner is picked by), its messages saying so: a
+    kernel that tells the confirmation from the search gains nothing by it."""
     assert req.bench is not None
+
+    def said(message: str) -> str:
+        return ("timed again" + (f": {message}" if message else "")) if again else message
+
     skipped = skips_repeats(remote, ref, task, remote.device, req.seed)
     if skipped is not None:
-        return result(skipped.status, f"timed again: {skipped.message}")
+        return result(skipped.status, said(skipped.message), verify=detail)
     lap("repeats")
     try:
-        timing, baseline, notes = _checked_timing(remote, ref, task, remote.device, req, {}, lap)
+        timing, baseline, notes = _checked_timing(remote, ref, task, remote.device, req, detail, lap)
     except Rejected as r:
-        raise Rejected(replace(r.result, message=f"timed again: {r.result.message}")) from None
-    baseline, detail = _eager_check(ref, task, remote.device, baseline, req.bench,
-                                    {k: v for k, v in notes.items() if v})
+        if not again:
+            raise
+        raise Rejected(replace(r.result, message=said(r.result.message))) from None
+    detail = {**detail, **{k: v for k, v in notes.items() if v}}
+    baseline, detail = _eager_check(ref, task, remote.device, baseline, req.bench, detail)
+    lap("eager")
     late = _late(remote, ref, task)
     if late.status is not Status.OK:
-        return result(late.status, f"timed again, then: {late.message}", verify=detail)
+        return result(late.status, f"{'timed again, then' if again else 'after timing'}: {late.message}",
+                      verify=detail)
     lap("late")
+    detail = {**detail, "phases_s": lap.rounded()}
     floor_us, too_fast = _floor(task, remote.device, rate, timing.median_us, req.floor_factor)
-    return result(Status.TOO_FAST if too_fast else Status.OK, f"timed again{': ' + too_fast if too_fast else ''}",
-                  timing=timing, baseline=baseline, verify={**detail, "phases_s": lap.rounded()}, floor_us=floor_us)
+    return result(Status.TOO_FAST if too_fast else Status.OK, said(too_fast), verify=detail, timing=timing,
+                  baseline=baseline, floor_us=floor_us)
 
 
 def _late(remote: Remote, ref: Reference, task: TaskSpec) -> Verdict:

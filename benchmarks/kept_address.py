@@ -7,7 +7,8 @@ to compare (its forge/ first on PYTHONPATH) and from this one:
 
     python benchmarks/kept_address.py --device cuda --n 3 --json OUT.json tests/corpus/cuda/skips_unless_kept.cu ...
 
-Prints a table and writes the rows as JSON (each with the forge module it ran, so a row says which tree).
+Prints a table and writes the rows as JSON, each with its commit, date and machine (benchmarks/provenance.py: the
+commit of this script's checkout, or $FORGE_COMMIT) and the forge module it ran (which tree: old or this one).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from provenance import stamp  # benchmarks/, on sys.path as the script's folder
 
 import forge
 from forge.capture.export import capture
@@ -36,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
     shape = [int(s) for s in args.shape.split(",")]
     spec = TaskSpec.of(build_tasks(capture(torch.nn.SiLU(), [torch.randn(*shape)]).graph_module.graph)[0])
-    rows = []
+    rows, where = [], stamp(args.device)
     with tempfile.TemporaryDirectory() as cache, Evaluator(args.device, timeout_s=120, cache_dir=Path(cache)) as ev:
         for i in range(args.n):
             for f in args.files:
@@ -44,8 +46,7 @@ def main() -> None:
                 rows.append({"file": str(f), "run": i, "status": r.status.value,
                              "median_us": r.timing.median_us if r.timing else None,
                              "eager_us": r.baseline.median_us if r.baseline else None, "message": r.message[:200],
-                             "forge": forge.__file__, "device": torch.cuda.get_device_name()
-                             if args.device.startswith("cuda") else "cpu", "shape": shape})
+                             "forge": forge.__file__, "shape": shape, **where})
                 print(f"| {f.name} | {i} | {r.status.value} | "
                       f"{rows[-1]['median_us'] or 0:.1f} | {rows[-1]['eager_us'] or 0:.1f} |", flush=True)
     if args.json:

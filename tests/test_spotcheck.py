@@ -1,6 +1,8 @@
 """forge.evaluate.spotcheck with the real clock: inputs perturbed every round, kept calls only from timed rounds,
 copied out as the worker copies them into the arena and judged by forge.evaluate.judge."""
 
+from pathlib import Path
+
 import torch
 
 from forge.bench import BenchConfig, Clock, interleaved
@@ -10,6 +12,8 @@ from forge.evaluate.verify import Reference
 from forge.kernel import TaskSpec
 
 SOURCE = '''
+from pathlib import Path
+
 import torch
 aten = torch.ops.aten
 
@@ -70,3 +74,49 @@ def _stored(spot, meta):  # noqa: ANN001, ANN202
     slots = [([torch.empty(m.shape) for m in meta], [torch.empty(m.shape) for m in meta]) for _ in spot.kept]
     assert spot.store(slots) == len(spot.kept)
     return slots
+
+
+class _Product(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+
+def _spec(model: torch.nn.Module, *inputs: torch.Tensor) -> TaskSpec:
+    from forge.capture.export import capture
+    from forge.tasks.cut import build_tasks
+
+    return TaskSpec.of(build_tasks(capture(model, list(inputs)).graph_module.graph)[0])
+
+
+def test_products_and_convolutions_get_their_inputs_anew_every_round_pointwise_and_reductions_not():
+    from forge.evaluate.spotcheck import renews
+
+    assert renews(_spec(_Product(), torch.randn(64, 96), torch.randn(96, 48)))
+    assert renews(_spec(torch.nn.Conv2d(8, 16, 3), torch.randn(2, 8, 20, 20)))
+    assert not renews(_spec(_Product(), torch.randn(512, 2), torch.randn(2, 512)))  # an outer product: bytes
+    assert not renews(_spec(torch.nn.SiLU(), torch.randn(64, 96)))
+    assert not renews(_spec(torch.nn.LayerNorm(96), torch.randn(64, 96)))
+
+
+def test_a_renewing_spot_check_changes_every_element_every_round_within_the_domain():
+    from forge.evaluate.spotcheck import SpotCheck
+
+    x, g = torch.randn(64, 33), torch.randn(40)
+    spot = SpotCheck([x, g], (TensorMeta.of(x),), 10, "cpu", {1: "nonpositive"}, renew=True)
+    for timed in (False, True, True):
+        before = [x.clone(), g.clone()]
+        spot.prepare(timed)
+        assert not (x == before[0]).any() and not (g == before[1]).any()
+        assert (g <= 0).all() and x.std() > 0.5  # N(0,1), and -|N(0,1)| where the input has that domain
+
+
+def test_no_timed_call_can_be_served_incrementally_from_the_last_one(tmp_path: Path):
+    """tests/kernels/mm_few_changed.cpp is right unless 1 to 4096 input elements changed since its last call: through
+    a real worker it passes only if no timed call (nor batched one) follows a call on nearly the same inputs."""
+    from forge.evaluate.evaluator import Evaluator
+    from forge.kernel import Candidate, Status
+
+    spec = _spec(_Product(), torch.randn(64, 96), torch.randn(96, 48))
+    with Evaluator("cpu", timeout_s=60, cache_dir=tmp_path) as ev:
+        r = ev.evaluate(spec, Candidate.from_file(Path(__file__).parent / "kernels" / "mm_few_changed.cpp"))
+    assert r.status is Status.OK, f"{r.status}: {r.message}"

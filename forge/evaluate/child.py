@@ -96,7 +96,8 @@ def _time(msg: Time, st: _State) -> Reply:
         inputs = mapped.views(msg.inputs)
         # Every timed call into fresh outputs (a fair clock, as eager and the dispatcher have), on inputs
         # perturbed before each round; random calls kept for the judge (forge.evaluate.spotcheck).
-        spot = SpotCheck(inputs, task.outputs, msg.batch or msg.bench.min_runs, st.device, input_domains(task.source))
+        spot = SpotCheck(inputs, task.outputs, msg.batch or msg.bench.min_runs, st.device, input_domains(task.source),
+                         msg.renew)
         spot.limit = min(spot.limit, len(msg.kept))
         cand = spot.wrap(call_on(st.launcher, task.inputs, task.outputs))
         timing = baseline = None

@@ -43,7 +43,7 @@ from forge.capture.export import output_view
 from forge.evaluate.measured import bandwidth, hidden_us, measured_here, remeasured
 from forge.evaluate.remote import Rejected, Remote
 from forge.evaluate.repeats import skips_repeats
-from forge.evaluate.spotcheck import kept_limit
+from forge.evaluate.spotcheck import kept_limit, renews
 from forge.evaluate.steps import EvalRequest, Load, Reply
 from forge.evaluate.verdicts import Verdict, off_reference
 from forge.evaluate.verify import SETS, Reference, fill, generator, make_flat, verify
@@ -298,7 +298,7 @@ def _timed(remote: Remote, ref: Reference, task: TaskSpec, device: str, seed: in
     limit = kept_limit(task.inputs, task.outputs)
     placed, bufs, _ = _inputs(remote, ref, task, device, seed, _kept_buffers(task, limit))
     kept = _kept_views(task, bufs)
-    reply, _ = remote.time(placed, kept, bench)
+    reply, _ = remote.time(placed, kept, bench, renew=renews(task))
     _kept_some(reply, limit, "timed", remote.device)
     wrong = judge_kept(ref, task, kept[:reply.kept], "timed")
     return reply.timing, reply.baseline, wrong
@@ -337,7 +337,7 @@ def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, ti
     n = max(MIN_ROUNDS, min(100, math.ceil(max(BATCH_S / SPLIT, 2 * allowance) * 1e6 / max(claimed + round_us, 1.0))))
     per_round, kept, decisive = float("inf"), _kept_views(task, bufs), []
     for _ in range(SPLIT):  # the least disturbed of several batches: a busy machine slows some of them
-        reply, wall = remote.time(placed, kept, bench, batch=n)
+        reply, wall = remote.time(placed, kept, bench, batch=n, renew=renews(task))
         _kept_some(reply, limit, "batched", device)
         if (wall - allowance) / n * 1e6 < per_round:  # its kept calls, as they came back, judged if it decides
             per_round = (wall - allowance) / n * 1e6

@@ -15,7 +15,7 @@ import torch
 
 from forge.bench import BenchConfig, Clock, interleaved, measure_bandwidth, time_call_us
 from forge.capture.export import empty_output
-from forge.evaluate.spotcheck import SpotCheck
+from forge.evaluate.spotcheck import SpotCheck, renews
 from forge.evaluate.verify import Reference, generator, make_input
 from forge.kernel import TaskSpec, Timing
 
@@ -46,7 +46,7 @@ def measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConfi
         gen = generator(device, _SYSTEM.getrandbits(40))
         inputs = [make_input(m, 0, gen, device, j in ref.signed, ref.domains.get(j, ""))
                   for j, m in enumerate(task.inputs)]
-        spot = SpotCheck(inputs, task.outputs, bench.min_runs, device, ref.domains)
+        spot = SpotCheck(inputs, task.outputs, bench.min_runs, device, ref.domains, renews(task))
         with torch.no_grad():
             (eager,) = interleaved(clock(device), [lambda: ref.eager(*inputs)],
                                    replace(bench, budget_s=min(bench.budget_s, 0.2)), spot.prepare)

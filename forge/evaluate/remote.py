@@ -91,10 +91,10 @@ class Remote(Target):
             " and restored it after" if restored else "") + " (read-only inputs made it crash)", device=self.device))
 
     def time(self, inputs: Sequence[torch.Tensor], kept: list[tuple[list[torch.Tensor], list[torch.Tensor]]],
-             bench: BenchConfig, batch: int = 0) -> tuple[Reply, float]:
+             bench: BenchConfig, batch: int = 0, renew: bool = False) -> tuple[Reply, float]:
         """A Time step on placed inputs, kept calls into placed slots."""
         slots = tuple((tuple(self.slot(t) for t in i), tuple(self.slot(t) for t in o)) for i, o in kept)
-        return self.step(Time(self._ref, tuple(self.slot(t) for t in inputs), slots, bench, batch))
+        return self.step(Time(self._ref, tuple(self.slot(t) for t in inputs), slots, bench, batch, renew))
 
     def tune(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], effort: str, budget_s: int
              ) -> tuple[Reply, float]:

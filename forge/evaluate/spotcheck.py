@@ -13,17 +13,30 @@ elements) would be timed doing less than the work. So, before every round (warm-
 Which calls are kept cannot be told from the call: every call gets fresh outputs and perturbed inputs, and
 the kept inputs' copies are allocated before the first round (every round allocates alike: a kept call's
 outputs get the address the others get).
+
+A task that does far more arithmetic than it moves bytes (a GEMM, a convolution, attention: `renews`) gets all
+of its floating-point inputs drawn anew every round instead: with 8 elements changed a round, a kernel that kept
+the last inputs and result could find what changed and update the result at the cost of reading its inputs,
+right on every call and timed far below the work (for a pointwise or reduction task that costs what the work
+does). A round then costs a write of the inputs, small next to such a call.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import random
 from collections.abc import Callable
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from forge.capture.export import TensorMeta, empty_output
 from forge.evaluate.domains import into
+from forge.kernel import TaskSpec
+from forge.tasks.cut import compile_source
+
+log = logging.getLogger(__name__)
 
 _SYSTEM = random.SystemRandom()
 PERTURBED = 8  # input elements changed before every round
@@ -31,23 +44,25 @@ SURE = 1  # kept calls drawn among the timed rounds that always happen (min_runs
 LATER = 1 / 16  # chance that a later round is kept, up to MAX_KEPT in all
 MAX_KEPT = 2
 KEEP_BYTES = 1 << 30  # fewer kept calls when a call's inputs and outputs are larger than this over MAX_KEPT
+RENEW_INTENSITY = 8.0  # floating-point operations per byte moved from which every round draws all inputs anew
 
 
 class SpotCheck:
     """Perturbs the inputs before each round and keeps the outputs of random calls (see the module doc)."""
 
     def __init__(self, inputs: list[torch.Tensor], outputs: tuple[TensorMeta, ...], sure_rounds: int,
-                 device: str, domains: dict[int, str] | None = None) -> None:
+                 device: str, domains: dict[int, str] | None = None, renew: bool = False) -> None:
         """`sure_rounds`: how many timed rounds the timing makes at least (the first kept calls are among
-        them); `domains`: the inputs whose new values stay in a domain (forge.evaluate.domains)."""
+        them); `domains`: the inputs whose new values stay in a domain (forge.evaluate.domains); `renew`:
+        every round draws all floating-point inputs anew (`renews`), not only a few elements."""
         self.inputs, self.outputs, self.device = inputs, outputs, device
         self.limit = kept_limit(tuple(TensorMeta.of(x) for x in inputs), outputs)
         rounds = max(sure_rounds, 1)
         self.sure = set(_SYSTEM.sample(range(rounds), min(SURE, self.limit, rounds)))
-        gen = torch.Generator(device="cuda" if device.startswith("cuda") else "cpu")
+        gen = torch.Generator(device=inputs[0].device if inputs else "cpu")  # where normal_ draws in place
         gen.manual_seed(_SYSTEM.getrandbits(63))
-        self._plans = [p for p in (_Perturbation(x, gen, (domains or {}).get(j, "")) for j, x in enumerate(inputs))
-                       if p.flat is not None]
+        self._plans = [p for p in (_Perturbation(x, gen, (domains or {}).get(j, ""), renew)
+                                   for j, x in enumerate(inputs)) if p.flat is not None]
         self._turn = 0
         self.round = -1
         self.pending: list[torch.Tensor] | None = None
@@ -94,6 +109,24 @@ class SpotCheck:
         return min(len(self.kept), len(slots))
 
 
+@functools.lru_cache(maxsize=256)
+def renews(task: TaskSpec) -> bool:
+    """Whether the spot check draws all of the task's inputs anew every round (module doc): its reference's
+    floating-point operations (counted by torch's FlopCounterMode on meta tensors: matrix products,
+    convolutions, attention) at least RENEW_INTENSITY a byte of its roofline floor. The judge's to decide, in
+    forge's process (the Time step says): in a confined worker the counter's first use imports torch._dynamo,
+    which makes a folder, and seccomp kills the worker for it."""
+    try:
+        inputs = [torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device="meta") for m in task.inputs]
+        with FlopCounterMode(display=False) as counter:
+            compile_source(task.source)(*inputs)
+        flops = counter.get_total_flops()
+    except Exception as e:  # an op without a meta kernel: counted as none
+        log.debug("%s: operations not counted (%s)", task.key, e)
+        return False
+    return flops >= RENEW_INTENSITY * max(task.floor_bytes, 1)
+
+
 def kept_limit(inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) -> int:
     """How many timed calls may be kept for a task (fewer for large ones: each is a copy of its tensors)."""
     size = sum(m.nbytes for m in inputs) + sum(m.nbytes for m in outputs)
@@ -106,16 +139,18 @@ TURNS = 512  # rounds of perturbation drawn at once (then drawn anew)
 class _Perturbation:
     """PERTURBED elements of a floating-point input get N(0,1) values every round, at random positions: all
     rounds' positions and values drawn at once, so that a round costs one indexed write an input (a few
-    microseconds of launch on a GPU, not a dozen small kernels), anew every TURNS rounds."""
+    microseconds of launch on a GPU, not a dozen small kernels), anew every TURNS rounds. `renew`: all of its
+    elements get N(0,1) values every round, drawn in place."""
 
-    def __init__(self, x: torch.Tensor, gen: torch.Generator, domain: str = "") -> None:
+    def __init__(self, x: torch.Tensor, gen: torch.Generator, domain: str = "", renew: bool = False) -> None:
         self.flat: torch.Tensor | None = None
-        self.domain = domain
+        self.domain, self.renew = domain, renew
         span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) if x.numel() else 0
         if not x.is_floating_point() or x.numel() == 0 or x.dim() == 0 or span != x.numel():
             return  # an integer input, or one whose elements share memory (expanded): left as it is
         self.flat, self.gen, self.span = x.as_strided((span,), (1,)), gen, span
-        self._draw()
+        if not renew:
+            self._draw()
 
     def _draw(self) -> None:
         assert self.flat is not None
@@ -126,6 +161,14 @@ class _Perturbation:
 
     def apply(self, turn: int) -> None:
         assert self.flat is not None
+        if self.renew:
+            if self.flat.device == self.gen.device:
+                self.flat.normal_(generator=self.gen)
+            else:  # an input on another device than the first one's
+                self.flat.copy_(torch.randn(self.span, generator=self.gen, device=self.gen.device))
+            if self.domain:
+                self.flat.copy_(into(self.flat, self.domain))
+            return
         t = turn % TURNS
         if t == 0 and turn:  # drawn anew every TURNS rounds: states never come back (warm-up runs by time)
             self._draw()

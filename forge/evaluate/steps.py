@@ -57,13 +57,15 @@ class Time:
     """Time the candidate against eager, interleaved, on inputs at these slots (forge.bench), perturbed before
     every round and random calls kept (forge.evaluate.spotcheck); copy the kept calls into `kept` (per call: input
     slots, row-major, then output slots). With `batch` > 0, no clock: that many rounds of perturb-and-call
-    back to back, then one synchronisation (the judge times the whole step with its own clock)."""
+    back to back, then one synchronisation (the judge times the whole step with its own clock). `renew`: every
+round draws all inputs anew, not only a few elements (the judge decides: forge.evaluate.spotcheck.renews)."""
 
     arena: ArenaRef
     inputs: tuple[Slot, ...]
     kept: tuple[tuple[tuple[Slot, ...], tuple[Slot, ...]], ...]
     bench: BenchConfig
     batch: int = 0
+    renew: bool = False
 
 
 @dataclass(frozen=True)

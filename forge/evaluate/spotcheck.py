@@ -134,6 +134,7 @@ def kept_limit(inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) 
 
 
 TURNS = 512  # rounds of perturbation drawn at once (then drawn anew)
+_DRAWN = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})  # normal_ draws them in place
 
 
 class _Perturbation:
@@ -162,9 +163,9 @@ class _Perturbation:
     def apply(self, turn: int) -> None:
         assert self.flat is not None
         if self.renew:
-            if self.flat.device == self.gen.device:
+            if self.flat.device == self.gen.device and self.flat.dtype in _DRAWN:
                 self.flat.normal_(generator=self.gen)
-            else:  # an input on another device than the first one's
+            else:  # on another device than the first input's, or a dtype normal_ does not draw (float8)
                 self.flat.copy_(torch.randn(self.span, generator=self.gen, device=self.gen.device))
             if self.domain:
                 self.flat.copy_(into(self.flat, self.domain))

@@ -76,6 +76,22 @@ def test_a_clock_that_claims_less_time_is_caught(spec: TaskSpec, tmp_path: Path)
     assert "clock disagrees" in r.message
 
 
+class _Product(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+
+def test_a_clock_that_claims_less_time_is_caught_where_rounds_draw_all_inputs_anew(tmp_path: Path) -> None:
+    """A 256^3 product's rounds draw its inputs anew (forge.evaluate.spotcheck.renews), which costs about what the
+    call does on this CPU: the cross-check's allowance for a round's cost is not RATIO times it (with it, a
+    claim 20x below this kernel's time passed)."""
+    tasks = build_tasks(capture(_Product(), [torch.randn(256, 256), torch.randn(256, 256)]).graph_module.graph)
+    kernel = Path(__file__).resolve().parent / "kernels" / "mm_few_changed.cpp"  # right on renewed inputs
+    r = _evaluate("fast-clock", TaskSpec.of(tasks[0]), Candidate.from_file(kernel), tmp_path)
+    assert r.status is Status.FORBIDDEN_TIMER, f"{r.status}: {r.message}"
+    assert "clock disagrees" in r.message
+
+
 def test_an_eager_time_made_slower_is_replaced_by_the_judges(spec: TaskSpec, tmp_path: Path) -> None:
     """A baseline 1000x slower than eager really is would give the kernel a 1000x speedup: the judge ranks
     it against its own measurement of eager instead."""
@@ -296,12 +312,12 @@ def test_the_cross_check_ranks_a_launch_path_the_clock_hides_by_its_own_clock() 
     """The batch's time a round against the worker's claim (judge.batch_verdict): within the allowance, the claim
     stands; over it by no more than the launch path the GPU clock leaves out (flush and pad), the candidate is
     ranked by the judge's time a call, never below its claim; beyond, the clocks disagree (no timing)."""
-    from forge.evaluate.judge import RATIO, SLACK_US, batch_verdict
+    from forge.evaluate.judge import RATIO, ROUND_RATIO, SLACK_US, batch_verdict
     from forge.kernel import Timing
 
     claim = Timing(5.0, 4.5, 6.0, 5.1, 0.4, 30, 4.8, 5.3)
     claimed, round_us, hidden = claim.median_us, 15.0, 200.0
-    allowed = RATIO * (claimed + round_us) + SLACK_US
+    allowed = RATIO * claimed + ROUND_RATIO * round_us + SLACK_US
     assert batch_verdict(allowed - 1, claim, round_us, hidden, 40) == ("", None)
     note, judged = batch_verdict(allowed + 60, claim, round_us, hidden, 40)
     assert note.startswith("ranked by forge's clock: ") and judged is not None

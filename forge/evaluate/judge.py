@@ -56,6 +56,9 @@ RATIO = 3.0  # how far the judge's clock may exceed the worker's before the time
 # exceeded honestly with two test suites sharing two cores: a call's time is heavy-tailed there)
 EAGER_RATIO = 2.0  # how far the worker's eager may exceed the judge's before the judge's is used
 SLACK_US = 50.0  # per round, on top: launch and loop costs the judge cannot see
+ROUND_RATIO = 1.5  # how far a round's own cost (perturbing, fresh outputs) may exceed what the judge measured: not
+# RATIO, since a round that draws all inputs anew (forge.evaluate.spotcheck.renews) can cost more than the call,
+# and RATIO times it let a claim 20x below a 256^3 product's time through on the CPU
 SPREAD = 2.0  # a timing whose p90 is over this many times its p10 was disturbed: timed once more (`_settled`)
 BATCH_S = 0.02  # claimed time of the cross-check's batches, together
 SPLIT = 3  # batches: the least disturbed one counts
@@ -357,7 +360,7 @@ def batch_verdict(per_round: float, timing: Timing, round_us: float, hidden: flo
     candidate ranked by the judge's clock keeps its timing's spread and interval, scaled to the judge's median
     (a point with no interval would look certain to forge.confidence, and win where intervals overlap)."""
     claimed = timing.median_us
-    allowed = RATIO * (claimed + round_us) + SLACK_US
+    allowed = RATIO * claimed + ROUND_RATIO * round_us + SLACK_US
     if per_round <= allowed:
         return "", None
     if per_round <= allowed + hidden:  # a launch path up to what the clock hides (flush, pad) can explain it

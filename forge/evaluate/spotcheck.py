@@ -18,7 +18,8 @@ A task that does far more arithmetic than it moves bytes (a GEMM, a convolution,
 of its floating-point inputs drawn anew every round instead: with 8 elements changed a round, a kernel that kept
 the last inputs and result could find what changed and update the result at the cost of reading its inputs,
 right on every call and timed far below the work (for a pointwise or reduction task that costs what the work
-does). A round then costs a write of the inputs, small next to such a call.
+does). A round then costs a draw of all its inputs: on a CPU about what the call costs (the judge's cross-check
+allows a round's cost 1.5x, not the 3x it allows the call: forge.evaluate.judge.ROUND_RATIO).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def renews(task: TaskSpec) -> bool:
             compile_source(task.source)(*inputs)
         flops = counter.get_total_flops()
     except Exception as e:  # an op without a meta kernel: counted as none
-        log.debug("%s: operations not counted (%s)", task.key, e)
+        log.info("%s: operations not counted, inputs perturbed, not drawn anew (%s)", task.key, e)
         return False
     return flops >= RENEW_INTENSITY * max(task.floor_bytes, 1)
 
@@ -166,7 +167,9 @@ class _Perturbation:
             if self.flat.device == self.gen.device and self.flat.dtype in _DRAWN:
                 self.flat.normal_(generator=self.gen)
             else:  # on another device than the first input's, or a dtype normal_ does not draw (float8)
-                self.flat.copy_(torch.randn(self.span, generator=self.gen, device=self.gen.device))
+                drawn = torch.randn(self.span, generator=self.gen, device=self.gen.device)
+                self.flat.copy_(into(drawn, self.domain))
+                return
             if self.domain:
                 self.flat.copy_(into(self.flat, self.domain))
             return

@@ -164,16 +164,18 @@ class _Perturbation:
     def apply(self, turn: int) -> None:
         assert self.flat is not None
         if self.renew:
-            if self.flat.device == self.gen.device and self.flat.dtype in _DRAWN:
-                self.flat.normal_(generator=self.gen)
-            else:  # on another device than the first input's, or a dtype normal_ does not draw (float8)
-                drawn = torch.randn(self.span, generator=self.gen, device=self.gen.device)
-                self.flat.copy_(into(drawn, self.domain))
-                return
-            if self.domain:
-                self.flat.copy_(into(self.flat, self.domain))
+            self._renew(self.flat)
             return
         t = turn % TURNS
         if t == 0 and turn:  # drawn anew every TURNS rounds: states never come back (warm-up runs by time)
             self._draw()
         self.flat.index_put_((self.index[t],), self.values[t])
+
+    def _renew(self, flat: torch.Tensor) -> None:
+        """Every element drawn anew: N(0,1) in place, mapped into the domain."""
+        if flat.device == self.gen.device and flat.dtype in _DRAWN:
+            flat.normal_(generator=self.gen)
+            if self.domain:
+                flat.copy_(into(flat, self.domain))
+        else:  # on another device than the first input's, or a dtype normal_ does not draw (float8)
+            flat.copy_(into(torch.randn(self.span, generator=self.gen, device=self.gen.device), self.domain))

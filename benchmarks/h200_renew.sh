@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device: the spot check's renewal (forge.evaluate.spotcheck.renews, d7cda71) through a real CUDA worker.
+# On the device: the spot check's renewal (forge.evaluate.measured.renews, d7cda71) through a real CUDA worker.
 # tests/kernels/mm_few_changed.cu is right unless 1 to 4096 input elements changed since its last call: at this
 # checkout it must pass (a product's inputs are drawn anew every round); from the tree in .base/old (git archive
 # 91d47cb forge | tar -x -C .base/old; carry .base), which perturbed 8 elements an input a round, it is caught.

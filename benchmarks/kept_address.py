@@ -9,7 +9,7 @@ to compare (its forge/ first on PYTHONPATH) and from this one:
 
 `--task mm` evaluates on a matrix product (`--shape M,K,N`) instead of SiLU: for
 `benchmarks/hostile/incremental_mm.cpp`, which updates its last result for the input elements that changed since
-its last call. Before forge.evaluate.spotcheck's `renews`, every timed round changed 8 elements of each input, so
+its last call. Before forge.evaluate.measured's `renews`, every timed round changed 8 elements of each input, so
 its calls cost a read of its inputs and it was timed far below the product's cost; now a matrix product's inputs
 are drawn anew every round.
 

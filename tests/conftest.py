@@ -15,6 +15,13 @@ MODELS = Path(__file__).resolve().parent / "models"
 TAKEN_OVER = str(Path(__file__).resolve().parent / "taken_over_worker.py")  # a worker's program a candidate took over
 
 
+class Product(torch.nn.Module):
+    """a @ b: a task of many operations a byte (forge.evaluate.measured.renews), for tests/kernels/mm_few_changed.*"""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+
 @pytest.fixture(autouse=True)
 def _no_forge_env(monkeypatch):
     """A FORGE_DB or FORGE_OUT in the caller's environment would move every test's store and artifacts; a

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TAKEN_OVER
+from conftest import TAKEN_OVER, Product
 
 from forge.capture.export import capture
 from forge.evaluate.evaluator import Evaluator
@@ -76,16 +76,11 @@ def test_a_clock_that_claims_less_time_is_caught(spec: TaskSpec, tmp_path: Path)
     assert "clock disagrees" in r.message
 
 
-class _Product(torch.nn.Module):
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a @ b
-
-
 def test_a_clock_that_claims_less_time_is_caught_where_rounds_draw_all_inputs_anew(tmp_path: Path) -> None:
-    """A 256^3 product's rounds draw its inputs anew (forge.evaluate.spotcheck.renews), which costs about what the
+    """A 256^3 product's rounds draw its inputs anew (forge.evaluate.measured.renews), which costs about what the
     call does on this CPU: the cross-check's allowance for a round's cost is not RATIO times it (with it, a
     claim 20x below this kernel's time passed)."""
-    tasks = build_tasks(capture(_Product(), [torch.randn(256, 256), torch.randn(256, 256)]).graph_module.graph)
+    tasks = build_tasks(capture(Product(), [torch.randn(256, 256), torch.randn(256, 256)]).graph_module.graph)
     kernel = Path(__file__).resolve().parent / "kernels" / "mm_few_changed.cpp"  # right on renewed inputs
     r = _evaluate("fast-clock", TaskSpec.of(tasks[0]), Candidate.from_file(kernel), tmp_path)
     assert r.status is Status.FORBIDDEN_TIMER, f"{r.status}: {r.message}"

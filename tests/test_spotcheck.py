@@ -4,6 +4,7 @@ copied out as the worker copies them into the arena and judged by forge.evaluate
 from pathlib import Path
 
 import torch
+from conftest import Product
 
 from forge.bench import BenchConfig, Clock, interleaved
 from forge.capture.export import TensorMeta
@@ -12,8 +13,6 @@ from forge.evaluate.verify import Reference
 from forge.kernel import TaskSpec
 
 SOURCE = '''
-from pathlib import Path
-
 import torch
 aten = torch.ops.aten
 
@@ -76,11 +75,6 @@ def _stored(spot, meta):  # noqa: ANN001, ANN202
     return slots
 
 
-class _Product(torch.nn.Module):
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a @ b
-
-
 def _spec(model: torch.nn.Module, *inputs: torch.Tensor) -> TaskSpec:
     from forge.capture.export import capture
     from forge.tasks.cut import build_tasks
@@ -89,11 +83,11 @@ def _spec(model: torch.nn.Module, *inputs: torch.Tensor) -> TaskSpec:
 
 
 def test_products_and_convolutions_get_their_inputs_anew_every_round_pointwise_and_reductions_not():
-    from forge.evaluate.spotcheck import renews
+    from forge.evaluate.measured import renews
 
-    assert renews(_spec(_Product(), torch.randn(64, 96), torch.randn(96, 48)))
+    assert renews(_spec(Product(), torch.randn(64, 96), torch.randn(96, 48)))
     assert renews(_spec(torch.nn.Conv2d(8, 16, 3), torch.randn(2, 8, 20, 20)))
-    assert not renews(_spec(_Product(), torch.randn(512, 2), torch.randn(2, 512)))  # an outer product: bytes
+    assert not renews(_spec(Product(), torch.randn(512, 2), torch.randn(2, 512)))  # an outer product: bytes
     assert not renews(_spec(torch.nn.SiLU(), torch.randn(64, 96)))
     assert not renews(_spec(torch.nn.LayerNorm(96), torch.randn(64, 96)))
 
@@ -116,7 +110,7 @@ def test_no_timed_call_can_be_served_incrementally_from_the_last_one(tmp_path: P
     from forge.evaluate.evaluator import Evaluator
     from forge.kernel import Candidate, Status
 
-    spec = _spec(_Product(), torch.randn(64, 96), torch.randn(96, 48))
+    spec = _spec(Product(), torch.randn(64, 96), torch.randn(96, 48))
     with Evaluator("cpu", timeout_s=60, cache_dir=tmp_path) as ev:
         r = ev.evaluate(spec, Candidate.from_file(Path(__file__).parent / "kernels" / "mm_few_changed.cpp"))
     assert r.status is Status.OK, f"{r.status}: {r.message}"

@@ -1,7 +1,7 @@
 // A matrix product (aten.mm, float32, row-major) that computes incrementally: it keeps its last inputs and result
 // in static arrays, finds the elements that changed since its last call and updates the result for those
 // (a changed A[i][k] moves row i of C, a changed B[k][j] column j). Right on every call; when a few elements
-// change between calls (the spot check's perturbations before forge.evaluate.spotcheck's `renews`) each call
+// change between calls (the spot check's perturbations before forge.evaluate.measured's `renews`) each call
 // costs a read of its inputs, not the product. Recomputed whole when many changed, and every 256 calls (so that
 // the updates' rounding does not add up). Used by benchmarks/kept_address.py --task mm.
 #include <stdint.h>

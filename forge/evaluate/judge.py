@@ -40,10 +40,10 @@ import torch
 
 from forge.bench import BenchConfig
 from forge.capture.export import output_view
-from forge.evaluate.measured import bandwidth, hidden_us, measured_here, remeasured
+from forge.evaluate.measured import bandwidth, hidden_us, measured_here, remeasured, renews
 from forge.evaluate.remote import Rejected, Remote
 from forge.evaluate.repeats import skips_repeats
-from forge.evaluate.spotcheck import kept_limit, renews
+from forge.evaluate.spotcheck import kept_limit
 from forge.evaluate.steps import EvalRequest, Load, Reply
 from forge.evaluate.verdicts import Verdict, off_reference
 from forge.evaluate.verify import SETS, Reference, fill, generator, make_flat, verify
@@ -57,7 +57,7 @@ RATIO = 3.0  # how far the judge's clock may exceed the worker's before the time
 EAGER_RATIO = 2.0  # how far the worker's eager may exceed the judge's before the judge's is used
 SLACK_US = 50.0  # per round, on top: launch and loop costs the judge cannot see
 ROUND_RATIO = 1.5  # how far a round's own cost (perturbing, fresh outputs) may exceed what the judge measured: not
-# RATIO, since a round that draws all inputs anew (forge.evaluate.spotcheck.renews) can cost more than the call,
+# RATIO, since a round that draws all inputs anew (forge.evaluate.measured.renews) can cost more than the call,
 # and RATIO times it let a claim 20x below a 256^3 product's time through on the CPU
 SPREAD = 2.0  # a timing whose p90 is over this many times its p10 was disturbed: timed once more (`_settled`)
 BATCH_S = 0.02  # claimed time of the cross-check's batches, together
@@ -338,9 +338,9 @@ def _batch_check(remote: Remote, ref: Reference, task: TaskSpec, device: str, ti
     call_bytes = sum(m.nbytes for m in (*task.inputs, *task.outputs))
     allowance = ALLOWANCE_S + (remote.arena.size + 4 * limit * call_bytes) / bandwidth(device)
     n = max(MIN_ROUNDS, min(100, math.ceil(max(BATCH_S / SPLIT, 2 * allowance) * 1e6 / max(claimed + round_us, 1.0))))
-    per_round, kept, decisive = float("inf"), _kept_views(task, bufs), []
+    per_round, kept, decisive, renew = float("inf"), _kept_views(task, bufs), [], renews(task)
     for _ in range(SPLIT):  # the least disturbed of several batches: a busy machine slows some of them
-        reply, wall = remote.time(placed, kept, bench, batch=n, renew=renews(task))
+        reply, wall = remote.time(placed, kept, bench, batch=n, renew=renew)
         _kept_some(reply, limit, "batched", device)
         if (wall - allowance) / n * 1e6 < per_round:  # its kept calls, as they came back, judged if it decides
             per_round = (wall - allowance) / n * 1e6

@@ -4,6 +4,7 @@ a copy the candidate cannot reach: what forge.evaluate.judge holds the worker's 
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import statistics
@@ -12,15 +13,18 @@ import time
 from dataclasses import dataclass, replace
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from forge.bench import BenchConfig, Clock, interleaved, measure_bandwidth, time_call_us
 from forge.capture.export import empty_output
-from forge.evaluate.spotcheck import SpotCheck, renews
+from forge.evaluate.spotcheck import SpotCheck
 from forge.evaluate.verify import Reference, generator, make_input
 from forge.kernel import TaskSpec, Timing
+from forge.tasks.cut import compile_source
 
 _SYSTEM = random.SystemRandom()
 log = logging.getLogger(__name__)
+RENEW_INTENSITY = 8.0  # floating-point operations per byte moved from which every round draws all inputs anew
 
 
 @dataclass
@@ -59,6 +63,26 @@ def measured_here(ref: Reference, task: TaskSpec, device: str, bench: BenchConfi
             _sync(device)
         _HERE.tasks[key] = (eager, (time.perf_counter() - t0) / rounds * 1e6)
     return _HERE.tasks[key]
+
+
+@functools.lru_cache(maxsize=256)
+def renews(task: TaskSpec) -> bool:
+    """Whether the spot check draws all of the task's inputs anew every round (forge.evaluate.spotcheck's
+    module doc): its reference's
+    floating-point operations (counted by torch's FlopCounterMode on meta tensors: matrix products,
+    convolutions, attention) at least RENEW_INTENSITY a byte of its roofline floor. The judge's to decide, in
+    forge's process (the Time step says): in a confined worker the counter's first use imports torch._dynamo,
+    which makes a folder, and seccomp kills the worker for it; so it is here, not in forge.evaluate.spotcheck,
+    which the worker imports."""
+    try:
+        inputs = [torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device="meta") for m in task.inputs]
+        with FlopCounterMode(display=False) as counter:
+            compile_source(task.source)(*inputs)
+        flops = counter.get_total_flops()
+    except Exception as e:  # an op without a meta kernel: counted as none
+        log.info("%s: operations not counted, inputs perturbed, not drawn anew (%s)", task.key, e)
+        return False
+    return flops >= RENEW_INTENSITY * max(task.floor_bytes, 1)
 
 
 def _sync(device: str) -> None:

@@ -14,30 +14,24 @@ Which calls are kept cannot be told from the call: every call gets fresh outputs
 the kept inputs' copies are allocated before the first round (every round allocates alike: a kept call's
 outputs get the address the others get).
 
-A task that does far more arithmetic than it moves bytes (a GEMM, a convolution, attention: `renews`) gets all
-of its floating-point inputs drawn anew every round instead: with 8 elements changed a round, a kernel that kept
-the last inputs and result could find what changed and update the result at the cost of reading its inputs,
-right on every call and timed far below the work (for a pointwise or reduction task that costs what the work
-does). A round then costs a draw of all its inputs: on a CPU about what the call costs (the judge's cross-check
-allows a round's cost 1.5x, not the 3x it allows the call: forge.evaluate.judge.ROUND_RATIO).
+A task that does far more arithmetic than it moves bytes (a GEMM, a convolution, attention: the judge decides,
+forge.evaluate.measured.renews) gets all of its floating-point inputs drawn anew every round instead: with 8
+elements changed a round, a kernel that kept the last inputs and result could find what changed and update the
+result at the cost of reading its inputs, right on every call and timed far below the work (for a pointwise or
+reduction task that costs what the work does). A round then costs a draw of all its inputs: on a CPU about what the
+call costs (the judge's cross-check allows a round's cost 1.5x, not the 3x it allows the call:
+forge.evaluate.judge.ROUND_RATIO).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
 import random
 from collections.abc import Callable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from forge.capture.export import TensorMeta, empty_output
 from forge.evaluate.domains import into
-from forge.kernel import TaskSpec
-from forge.tasks.cut import compile_source
-
-log = logging.getLogger(__name__)
 
 _SYSTEM = random.SystemRandom()
 PERTURBED = 8  # input elements changed before every round
@@ -45,7 +39,6 @@ SURE = 1  # kept calls drawn among the timed rounds that always happen (min_runs
 LATER = 1 / 16  # chance that a later round is kept, up to MAX_KEPT in all
 MAX_KEPT = 2
 KEEP_BYTES = 1 << 30  # fewer kept calls when a call's inputs and outputs are larger than this over MAX_KEPT
-RENEW_INTENSITY = 8.0  # floating-point operations per byte moved from which every round draws all inputs anew
 
 
 class SpotCheck:
@@ -55,7 +48,8 @@ class SpotCheck:
                  device: str, domains: dict[int, str] | None = None, renew: bool = False) -> None:
         """`sure_rounds`: how many timed rounds the timing makes at least (the first kept calls are among
         them); `domains`: the inputs whose new values stay in a domain (forge.evaluate.domains); `renew`:
-        every round draws all floating-point inputs anew (`renews`), not only a few elements."""
+        every round draws all floating-point inputs anew (forge.evaluate.measured.renews), not only a few
+        elements."""
         self.inputs, self.outputs, self.device = inputs, outputs, device
         self.limit = kept_limit(tuple(TensorMeta.of(x) for x in inputs), outputs)
         rounds = max(sure_rounds, 1)
@@ -110,24 +104,6 @@ class SpotCheck:
         return min(len(self.kept), len(slots))
 
 
-@functools.lru_cache(maxsize=256)
-def renews(task: TaskSpec) -> bool:
-    """Whether the spot check draws all of the task's inputs anew every round (module doc): its reference's
-    floating-point operations (counted by torch's FlopCounterMode on meta tensors: matrix products,
-    convolutions, attention) at least RENEW_INTENSITY a byte of its roofline floor. The judge's to decide, in
-    forge's process (the Time step says): in a confined worker the counter's first use imports torch._dynamo,
-    which makes a folder, and seccomp kills the worker for it."""
-    try:
-        inputs = [torch.empty_strided(m.shape, m.stride, dtype=m.torch_dtype, device="meta") for m in task.inputs]
-        with FlopCounterMode(display=False) as counter:
-            compile_source(task.source)(*inputs)
-        flops = counter.get_total_flops()
-    except Exception as e:  # an op without a meta kernel: counted as none
-        log.info("%s: operations not counted, inputs perturbed, not drawn anew (%s)", task.key, e)
-        return False
-    return flops >= RENEW_INTENSITY * max(task.floor_bytes, 1)
-
-
 def kept_limit(inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) -> int:
     """How many timed calls may be kept for a task (fewer for large ones: each is a copy of its tensors)."""
     size = sum(m.nbytes for m in inputs) + sum(m.nbytes for m in outputs)
@@ -164,15 +140,17 @@ class _Perturbation:
     def apply(self, turn: int) -> None:
         assert self.flat is not None
         if self.renew:
-            self._renew(self.flat)
+            self._renew()
             return
         t = turn % TURNS
         if t == 0 and turn:  # drawn anew every TURNS rounds: states never come back (warm-up runs by time)
             self._draw()
         self.flat.index_put_((self.index[t],), self.values[t])
 
-    def _renew(self, flat: torch.Tensor) -> None:
+    def _renew(self) -> None:
         """Every element drawn anew: N(0,1) in place, mapped into the domain."""
+        flat = self.flat
+        assert flat is not None
         if flat.device == self.gen.device and flat.dtype in _DRAWN:
             flat.normal_(generator=self.gen)
             if self.domain:

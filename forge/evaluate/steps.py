@@ -58,7 +58,7 @@ class Time:
     every round and random calls kept (forge.evaluate.spotcheck); copy the kept calls into `kept` (per call: input
     slots, row-major, then output slots). With `batch` > 0, no clock: that many rounds of perturb-and-call
     back to back, then one synchronisation (the judge times the whole step with its own clock). `renew`: every
-round draws all inputs anew, not only a few elements (the judge decides: forge.evaluate.spotcheck.renews)."""
+    round draws all inputs anew, not only a few elements (the judge decides: forge.evaluate.measured.renews)."""
 
     arena: ArenaRef
     inputs: tuple[Slot, ...]

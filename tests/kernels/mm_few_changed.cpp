@@ -1,6 +1,6 @@
 // A matrix product (aten.mm, float32, row-major) that is wrong exactly on the calls an incremental kernel would
 // serve cheaply: when 1 to 4096 elements of its inputs changed since its last call (it keeps a copy of them), it
-// adds 1 to every output; with none changed, or more, it is right. Until forge.evaluate.spotcheck's `renews`,
+// adds 1 to every output; with none changed, or more, it is right. Until forge.evaluate.measured's `renews`,
 // every timed round changed 8 elements of each input, so the kept calls caught it (wrong_result); a matrix
 // product's inputs are drawn anew every round now, and no timed call follows a call on nearly the same inputs.
 #include <stdint.h>

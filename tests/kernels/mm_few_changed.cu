@@ -1,6 +1,6 @@
 // The CUDA form of mm_few_changed.cpp: a matrix product (aten.mm, float32, row-major) that adds 1 to every output
 // when 1 to 4096 elements of its inputs changed since its last call (it keeps a copy of them in device memory),
-// and is right otherwise. Before forge.evaluate.spotcheck's `renews` the spot check's kept calls caught it
+// and is right otherwise. Before forge.evaluate.measured's `renews` the spot check's kept calls caught it
 // (8 elements changed an input a round); now a product's inputs are drawn anew every round and it passes.
 // Run on a GPU by benchmarks/kept_address.py --task mm --device cuda (benchmarks/h200_renew.sh).
 #include <cuda_runtime.h>

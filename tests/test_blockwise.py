@@ -242,7 +242,7 @@ def test_optimize_block_wise_measures_block_wise_variants_and_loads_its_result(t
 
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "report.json"
-    code = main(["optimize", str(MODELS / "stacked_blocks.py"), "--blocks", "--no-inductor", "--seconds", "40",
+    code = main(["optimize", str(MODELS / "stacked_rms_blocks.py"), "--blocks", "--no-inductor", "--seconds", "40",
                  "--budget", "16", "--db", str(tmp_path / "f.db"), "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
@@ -251,9 +251,9 @@ def test_optimize_block_wise_measures_block_wise_variants_and_loads_its_result(t
     assert variants and all(v["blocks"] and v["name"].endswith("block-wise") for v in variants)
     # each ran with every block on its kind's graph and a kernel in it (else the variant fails, with why)
     assert all(m["match"] and not m["error"] for m in report["variants"])
-    loaded = load_file(MODELS / "stacked_blocks.py")
+    loaded = load_file(MODELS / "stacked_rms_blocks.py")
     opt = forge.load(tmp_path / report["artifact"], loaded.model, loaded.inputs)
-    x = torch.randn(2, 16, 64)
+    x = torch.randn(8, 128, 128)
     with torch.no_grad():
         torch.testing.assert_close(opt(x), loaded.model(x), rtol=1e-4, atol=1e-5)
     if report["applied"]:  # the block-wise result, rebuilt (under forge.load's ForgeModel): its kernels ran in all

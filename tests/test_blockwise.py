@@ -106,6 +106,35 @@ def test_a_block_with_other_weights_gets_its_own_and_an_unlike_call_falls_back()
     assert all(c.hits == 2 for c in opt.counters().values())  # the patched call ran both blocks' kernels
 
 
+class PositionalTower(Tower):
+    """Tower whose blocks are called with one tensor, positionally: `_BlockForward`'s lookup by layout."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.norm(h)
+
+
+def test_a_positional_call_is_matched_by_its_tensors_layout_every_time():
+    torch.manual_seed(2)
+    model, x = PositionalTower(n=2).eval(), torch.randn(6, 96)
+    arts = _kernels(model, [x])
+    opt = apply_blockwise(model, [x], arts)
+    assert opt is not None and opt.counters()
+    fwd = opt._forwards[id(model.layers[0])][1]
+    h = torch.randn(6, 96)
+    # like the recorded call, then unlike it: transposed in memory, another shape, gapped; then like it twice
+    calls = [h, h.t().contiguous().t(), torch.randn(7, 96), torch.randn(6, 192)[:, ::2], h, torch.randn(6, 96)]
+    with torch.no_grad():
+        for i, a in enumerate(calls):
+            torch.testing.assert_close(fwd(a), model.layers[0](a))
+            assert fwd.fallbacks == (0 if i < 1 else min(i, 3)), i  # each unlike call counted, as often as made
+        torch.testing.assert_close(fwd(h.t().contiguous().t()), model.layers[0](h))  # unlike again: no kernel
+    assert fwd.fallbacks == 4 and len(fwd.seen) == 4
+    assert all(c.hits == 3 and not c.fallbacks for c in opt.counters().values())  # the three like calls
+
+
 class MaskedBlock(Block):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         y = super().forward(x)

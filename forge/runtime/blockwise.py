@@ -87,7 +87,7 @@ class _BlockForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = None if kwargs else _layouts(args)
         if key is not None and key in self.seen:
-            p = self.seen[key]
+            p, leaves = self.seen[key], list(args)
         else:
             leaves, spec = pytree.tree_flatten((args, kwargs))
             p = self._match(leaves, spec)
@@ -96,7 +96,7 @@ class _BlockForward:
         if p is None:
             self.fallbacks += 1  # not a call the graphs were captured for
             return self.own(*args, **kwargs)
-        return p(list(args) if key is not None else pytree.tree_leaves((args, kwargs)))
+        return p(leaves)
 
     def _match(self, leaves: list[Any], spec: pytree.TreeSpec) -> _Patched | None:
         """The recorded call like this one (its structure, types and constants), or None."""

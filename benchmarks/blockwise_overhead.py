@@ -3,18 +3,20 @@
 The model is tests/models/stacked_rms_blocks.py (blocks of a hand-written RMSNorm, x * silu(x), a projection
 and a residual add), with no kernels: what is left between the whole graph and the block-wise forward is
 the block-wise runtime's own work (the call's lookup, the graph's arguments, its outputs), once a block.
-The three are timed in interleaved batches (perf_counter_ns; CUDA: synchronised after each batch); the
-median per forward over `--batches` batches is reported with the spread (lowest and highest batch).
-`--forge TREE` imports forge from TREE (an older tree, e.g. from `git archive`), to compare commits.
+The three are timed in interleaved batches, in an order that turns every batch (perf_counter_ns; CUDA:
+synchronised after each batch); the median per forward over `--batches` batches is reported with the spread
+(lowest and highest batch), and the cost a block call as the median and range of the batches' differences.
+`--forge TREE --commit SHA` imports forge from TREE (an older tree, e.g. from `git archive SHA forge`).
 
     python benchmarks/blockwise_overhead.py --json out.json
-    python benchmarks/blockwise_overhead.py --forge /tmp/old --json old.json   # the same on an older tree
+    python benchmarks/blockwise_overhead.py --forge /tmp/old --commit 2f89915 --json old.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -27,10 +29,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def batches_us(fns: dict[str, Callable[[], object]], calls: int, batches: int, cuda: bool) -> dict[str, list[float]]:
-    """Microseconds per call of each function, one sample per batch, the functions interleaved batch by batch."""
+    """Microseconds per call of each function, one sample per batch, the functions interleaved batch by batch
+    (each batch starts one function later)."""
     out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(batches):
-        for k, fn in fns.items():
+    keys = list(fns)
+    for b in range(batches):
+        for k in keys[b % len(keys):] + keys[:b % len(keys)]:
+            fn = fns[k]
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter_ns()
@@ -50,8 +55,13 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=50, help="forwards per timed batch")
     p.add_argument("--batches", type=int, default=21)
     p.add_argument("--forge", type=Path, help="import forge from this tree instead of the checkout's")
-    p.add_argument("--json", type=Path)
+    p.add_argument("--commit", help="the commit of --forge's tree (required with it)")
+    p.add_argument("--json", type=Path, help="append this run's row to the list in this file")
     args = p.parse_args()
+    if args.forge and not args.commit:
+        p.error("--forge needs --commit: the row says which commit it timed")
+    if args.commit:
+        os.environ["FORGE_COMMIT"] = args.commit  # provenance.stamp's
     sys.path[:0] = [str(args.forge or ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests" / "models")]
     from provenance import stamp
     from stacked_rms_blocks import Model
@@ -73,8 +83,9 @@ def main() -> int:
                 fn()
         us = batches_us(fns, args.calls, args.batches, args.device != "cpu")
     med = {k: statistics.median(v) for k, v in us.items()}
-    per_block = (med["block-wise"] - med["whole graph"]) / args.depth
-    row = {**stamp(args.device), "forge_tree": str(args.forge or ROOT), "forge_file": forge.__file__,
+    diffs = [(b - w) / args.depth for b, w in zip(us["block-wise"], us["whole graph"], strict=True)]
+    per_block = {"median": statistics.median(diffs), "lo": min(diffs), "hi": max(diffs)}
+    row = {**stamp(args.device), "forge": "checkout" if args.forge is None else "--forge tree",
            "shape": args.shape, "depth": args.depth, "calls": args.calls, "batches": args.batches,
            "us": {k: {"median": med[k], "lo": min(v), "hi": max(v)} for k, v in us.items()},
            "per_block_call_us": per_block}
@@ -84,9 +95,11 @@ def main() -> int:
     print("|---|---|---|---|")
     for k, v in us.items():
         print(f"| {k} | {med[k]:.1f} | {min(v):.1f} | {max(v):.1f} |")
-    print(f"block-wise over the whole graph: {per_block:.1f} us a block call")
-    if args.json:
-        args.json.write_text(json.dumps(row, indent=1) + "\n")
+    print(f"block-wise over the whole graph: {per_block['median']:.1f} us a block call "
+          f"({per_block['lo']:.1f} to {per_block['hi']:.1f} over the batches)")
+    if args.json:  # a list of rows: this run's appended
+        rows = json.loads(args.json.read_text()) if args.json.exists() else []
+        args.json.write_text(json.dumps([*rows, row], indent=1) + "\n")
     return 0
 
 

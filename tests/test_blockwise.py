@@ -116,23 +116,41 @@ class PositionalTower(Tower):
         return self.norm(h)
 
 
-def test_a_positional_call_is_matched_by_its_tensors_layout_every_time():
+def test_a_positional_call_is_looked_up_by_its_tensors_layouts_as_the_long_way_matches_it():
     torch.manual_seed(2)
     model, x = PositionalTower(n=2).eval(), torch.randn(6, 96)
     arts = _kernels(model, [x])
     opt = apply_blockwise(model, [x], arts)
     assert opt is not None and opt.counters()
     fwd = opt._forwards[id(model.layers[0])][1]
+    (recorded,) = fwd.calls
     h = torch.randn(6, 96)
-    # like the recorded call, then unlike it: transposed in memory, another shape, gapped; then like it twice
-    calls = [h, h.t().contiguous().t(), torch.randn(7, 96), torch.randn(6, 192)[:, ::2], h, torch.randn(6, 96)]
+    like = [h, torch.randn(6, 96), torch.randn(6, 96, requires_grad=True), torch.nn.Parameter(torch.randn(6, 96))]
+    unlike = [h.t().contiguous().t(), torch.randn(7, 96), torch.randn(6, 192)[:, ::2], h.double(), h.bfloat16(),
+              torch.empty(6, 96, device="meta"), torch.randn(()), torch.randn(6, 96)[None]]
+    calls = [((a,), {}, recorded) for a in like] + [((a,), {}, None) for a in unlike]
+    calls += [((), {}, None), ((h, h), {}, None), ((h,), {"scale": 1.0}, None), ((), {"x": h}, None)]
+    for args, kwargs, expected in calls:  # the last two: kwargs, the long way
+        leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        assert fwd.find(args, kwargs)[0] is fwd.match(leaves, spec) is expected
     with torch.no_grad():
-        for i, a in enumerate(calls):
+        for i, a in enumerate([h, h.t().contiguous().t(), torch.randn(7, 96), h, torch.randn(6, 96)]):
             torch.testing.assert_close(fwd(a), model.layers[0](a))
-            assert fwd.fallbacks == (0 if i < 1 else min(i, 3)), i  # each unlike call counted, as often as made
-        torch.testing.assert_close(fwd(h.t().contiguous().t()), model.layers[0](h))  # unlike again: no kernel
-    assert fwd.fallbacks == 4 and len(fwd.seen) == 4
+            assert fwd.fallbacks == [0, 1, 2, 2, 2][i], i  # each unlike call counted, as often as made
     assert all(c.hits == 3 and not c.fallbacks for c in opt.counters().values())  # the three like calls
+
+
+def test_a_block_traced_with_symbolic_sizes_takes_the_long_way():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    torch.manual_seed(0)
+    model, x = PositionalTower(n=2).eval(), torch.randn(6, 96)
+    opt = apply_blockwise(model, [x], [])
+    assert opt is not None
+    fwd = opt._forwards[id(model.layers[0])][1]
+    with torch.no_grad():  # the sizes are SymInts, which do not hash: matched as Specs, which pin them
+        make_fx(lambda t: fwd(t), tracing_mode="symbolic", _allow_non_fake_inputs=True)(torch.randn(6, 96))
+    assert fwd.fallbacks == 0
 
 
 class MaskedBlock(Block):

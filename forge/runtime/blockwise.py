@@ -54,6 +54,10 @@ class _Patched:
         self.typed = _typed(leaves)
         self.tensor_at = [i for i, v in enumerate(leaves) if isinstance(v, Spec)]
         self.out_spec, self.n_out = out_spec, n_out
+        self.layouts = None  # a call of tensors alone, positional: their layouts (see _layouts)
+        if not call.kwargs and all(isinstance(a, Spec) for a in call.args):
+            self.layouts = tuple((torch.Size(a.meta.shape), a.meta.stride, a.meta.torch_dtype, torch.device(a.device))
+                                 for a in call.args)
 
     def __call__(self, leaves: list[Any]) -> Any:
         flat = list(self.template)
@@ -65,18 +69,21 @@ class _Patched:
 
 class _BlockForward:
     """One block's forward: the patched graph of the recorded call this call is like, else its own forward.
-    A call of tensors alone, positional, is looked up by their shapes, strides, dtypes and devices (`seen`):
-    flattening it and comparing its Specs cost ~11 us a call on a CPU, 4% of a small block's forward."""
+    A call of tensors alone, positional, is looked up by their layouts in a table of the recorded calls of
+    that form (`by_layouts`: exact, since such a call matches a recorded one just where every tensor's shape,
+    stride, dtype and device do); flattening it and comparing Specs, the long way, cost ~12 us a call on a
+    2-core CPU against ~1 (benchmarks/blockwise_overhead.py)."""
 
     def __init__(self, own: Callable[..., Any]) -> None:
         self.own, self.fallbacks = own, 0
         self.calls: list[_Patched] = []
-        self.seen: dict[tuple[Any, ...], _Patched | None] = {}  # the tensors' layouts: the patched call, or none
+        self.by_layouts: dict[tuple[Any, ...], _Patched] = {}
 
     def add(self, patched: _Patched) -> None:
-        """A recorded call's patched graph (lookups made before it are forgotten)."""
+        """A recorded call's patched graph."""
         self.calls.append(patched)
-        self.seen.clear()
+        if patched.layouts is not None:
+            self.by_layouts.setdefault(patched.layouts, patched)  # the first, as the long way finds it
 
     def knows(self, call: Call) -> bool:
         """Whether a call like `call` (its structure, types and constants) already has a patched graph."""
@@ -84,22 +91,19 @@ class _BlockForward:
         typed = _typed(leaves)
         return any(p.spec == spec and p.typed == typed for p in self.calls)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def find(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[_Patched | None, list[Any]]:
+        """(the recorded call like this one or None, the call's leaves)."""
         key = None if kwargs else _layouts(args)
-        if key is not None and key in self.seen:
-            p, leaves = self.seen[key], list(args)
-        else:
-            leaves, spec = pytree.tree_flatten((args, kwargs))
-            p = self._match(leaves, spec)
-            if key is not None:
-                self.seen[key] = p
-        if p is None:
-            self.fallbacks += 1  # not a call the graphs were captured for
-            return self.own(*args, **kwargs)
-        return p(leaves)
+        if key is not None:
+            try:
+                return self.by_layouts.get(key), list(args)
+            except TypeError:  # symbolic sizes (a trace with dynamic shapes) do not hash: the long way
+                pass
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        return self.match(leaves, spec), leaves
 
-    def _match(self, leaves: list[Any], spec: pytree.TreeSpec) -> _Patched | None:
-        """The recorded call like this one (its structure, types and constants), or None."""
+    def match(self, leaves: list[Any], spec: pytree.TreeSpec) -> _Patched | None:
+        """The long way: the recorded call with this structure, these types and constants, or None."""
         typed = None
         for p in self.calls:
             if p.spec == spec:
@@ -108,10 +112,17 @@ class _BlockForward:
                     return p
         return None
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        p, leaves = self.find(args, kwargs)
+        if p is None:
+            self.fallbacks += 1  # not a call the graphs were captured for
+            return self.own(*args, **kwargs)
+        return p(leaves)
+
 
 def _layouts(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """Positional tensors as (shape, stride, dtype, device) each: a call's key in `_BlockForward.seen`; None
-    where an argument is not a tensor (its value counts: such a call is matched the long way)."""
+    """Positional tensors as (shape, stride, dtype, device) each: a call's key in `_BlockForward.by_layouts`;
+    None where an argument is not a tensor."""
     if not all(isinstance(a, torch.Tensor) for a in args):
         return None
     return tuple((a.shape, a.stride(), a.dtype, a.device) for a in args)
@@ -302,6 +313,6 @@ def _dispatched(model: torch.nn.Module, inputs: list[Any], blocks: list[tuple[st
             log.info("a call of %s seen only under CUDA graph capture falls back to eager: %s", path, e)
             continue
         fwd.add(_Patched(opt, template, call, cap.exported.call_spec.out_spec, cap.user_output_count(),
-                                  runs.get(call.signature)))
+                         runs.get(call.signature)))
     log.info("block-wise dispatch: %d blocks, %d kinds%s", len(forwards), len(kinds), ", compiled" if compile else "")
     return BlockwiseModule(model, forwards, [k[0] for k in kinds.values()], inputs, cuda_graph)

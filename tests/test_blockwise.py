@@ -1,74 +1,17 @@
 """Block-wise dispatch (forge.runtime.blockwise): kernels found block-wise run inside every block of a kind."""
 
-from collections import Counter
-
 import pytest
 import torch
+from blockwise_towers import PositionalTower, Tower, Twice, block_keys, recipe_kernels
 
 from forge.capture.blocks import blockwise
-from forge.evaluate.build import build
-from forge.kernel import KernelArtifact, TaskSpec
-from forge.policy.recipes.policy import RecipePolicy
 from forge.runtime.blockwise import apply_blockwise
-from forge.runtime.dispatch import Counters
-
-
-class Block(torch.nn.Module):
-    def __init__(self, d: int, layer_idx: int) -> None:
-        super().__init__()
-        self.up, self.down, self.layer_idx = torch.nn.Linear(d, 2 * d), torch.nn.Linear(d, d), layer_idx
-
-    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        g, u = self.up(x).chunk(2, -1)
-        return x + self.down(torch.nn.functional.silu(g) * u) * scale
-
-
-class Tower(torch.nn.Module):
-    def __init__(self, d: int = 96, n: int = 3) -> None:
-        super().__init__()
-        self.inp, self.norm = torch.nn.Linear(d, d), torch.nn.LayerNorm(d)
-        self.layers = torch.nn.ModuleList(Block(d, i) for i in range(n))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        for layer in self.layers:
-            h = layer(h, scale=0.5)
-        return self.norm(h)
-
-
-def _block_keys(model: torch.nn.Module, inputs: list[torch.Tensor], arts: list[KernelArtifact]) -> set[str]:
-    """The kernels' keys that are block work (an occurrence in a block, not only in the glue)."""
-    bw = blockwise(model, inputs)
-    assert bw is not None
-    inside = {t.key for t in bw.tasks if any(not occ[0].startswith("glue:") for occ in t.occurrences)}
-    return {a.key for a in arts} & inside
-
-
-def _kernels(model: torch.nn.Module, inputs: list[torch.Tensor], blocks: dict[str, int] | None = None,
-             limit: int = 100) -> list[KernelArtifact]:
-    """The recipe policy's first candidate for every task of the block-wise capture (the first `limit` it
-    proposes for), built with the real compiler."""
-    bw = blockwise(model, inputs)
-    assert bw is not None and bw.blocks == (blocks or {"layers.0": len(model.layers)})
-    pol, arts = RecipePolicy(inputs[0].device.type), []  # CUDA kernels for a model on the GPU
-    for t in bw.tasks:
-        if len(arts) >= limit:
-            break
-        spec = TaskSpec.of(t)
-        proposals = pol.propose(spec, None)
-        if not proposals:
-            continue
-        c = pol.render(spec, proposals[0])
-        b = build(c)
-        assert b.ok, b.log
-        arts.append(KernelArtifact(t.key, c.backend, b.path, c.entry, t.inputs, t.outputs, t.source))
-    return arts
 
 
 def test_block_kernels_run_in_every_block_and_the_model_stays_the_users():
     torch.manual_seed(0)
     model, x = Tower().eval(), torch.randn(5, 33, 96)  # odd sizes: tails in every kernel
-    arts = _kernels(model, [x])
+    arts = recipe_kernels(model, [x])
     keys_before = list(model.state_dict())
     fired: list[int] = []
     model.layers[1].register_forward_hook(lambda m, a, out: fired.append(1))
@@ -80,7 +23,7 @@ def test_block_kernels_run_in_every_block_and_the_model_stays_the_users():
             expected = model(y)
         torch.testing.assert_close(opt(y), expected)
     calls_hooked = len(fired)
-    assert set(opt.counters()) == _block_keys(model, [x], arts) != set()
+    assert set(opt.counters()) == block_keys(model, [x], arts) != set()
     # 2 calls x 3 blocks of one kind: every block ran its kind's kernels
     assert all(c.hits == 6 and not c.fallbacks for c in opt.counters().values())
     assert opt.block_fallbacks == 0 and opt.model_fallbacks == 0
@@ -93,9 +36,9 @@ def test_a_block_with_other_weights_gets_its_own_and_an_unlike_call_falls_back()
     model, x = Tower(n=2).eval(), torch.randn(4, 96)
     with torch.no_grad():
         model.layers[1].down.weight.mul_(3.0)  # the same kind, other values: each block its own state
-    arts = _kernels(model, [x])
+    arts = recipe_kernels(model, [x])
     opt = apply_blockwise(model, [x], arts)
-    assert opt is not None and set(opt.counters()) == _block_keys(model, [x], arts) != set()
+    assert opt is not None and set(opt.counters()) == block_keys(model, [x], arts) != set()
     y = torch.randn(4, 96)
     with torch.no_grad():
         torch.testing.assert_close(opt(y), model(y))
@@ -106,20 +49,10 @@ def test_a_block_with_other_weights_gets_its_own_and_an_unlike_call_falls_back()
     assert all(c.hits == 2 for c in opt.counters().values())  # the patched call ran both blocks' kernels
 
 
-class PositionalTower(Tower):
-    """Tower whose blocks are called with one tensor, positionally: `_BlockForward`'s lookup by layout."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        for layer in self.layers:
-            h = layer(h)
-        return self.norm(h)
-
-
 def test_a_positional_call_is_looked_up_by_its_tensors_layouts_as_the_long_way_matches_it():
     torch.manual_seed(2)
     model, x = PositionalTower(n=2).eval(), torch.randn(6, 96)
-    arts = _kernels(model, [x])
+    arts = recipe_kernels(model, [x])
     opt = apply_blockwise(model, [x], arts)
     assert opt is not None and opt.counters()
     fwd = opt._forwards[id(model.layers[0])][1]
@@ -153,37 +86,17 @@ def test_a_block_traced_with_symbolic_sizes_takes_the_long_way():
     assert fwd.fallbacks == 0
 
 
-class MaskedBlock(Block):
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        y = super().forward(x)
-        return y if mask is None else y * mask
-
-
-class Twice(Tower):
-    """Each block called twice a forward: without a mask, then with one."""
-
-    def __init__(self) -> None:
-        super().__init__(n=3)
-        self.layers = torch.nn.ModuleList(MaskedBlock(96, i) for i in range(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h, mask = self.inp(x), (x[..., :1] > 0).to(x.dtype)
-        for layer in self.layers:
-            h = layer(layer(h), mask)
-        return self.norm(h)
-
-
 def test_a_block_called_two_ways_runs_a_patched_graph_for_each():
     torch.manual_seed(5)
     model, x = Twice().eval(), torch.randn(5, 33, 96)
-    arts = _kernels(model, [x])
+    arts = recipe_kernels(model, [x])
     opt = apply_blockwise(model, [x], arts)
     assert opt is not None and len(opt._kinds) == 2
     assert all(len(f.calls) == 2 for _, f in opt._forwards.values())
     y = torch.randn(5, 33, 96)
     with torch.no_grad():
         torch.testing.assert_close(opt(y), model(y))
-    assert opt.block_fallbacks == 0 and set(opt.counters()) == _block_keys(model, [x], arts) != set()
+    assert opt.block_fallbacks == 0 and set(opt.counters()) == block_keys(model, [x], arts) != set()
     assert all(c.hits and not c.fallbacks for c in opt.counters().values())
 
 
@@ -197,10 +110,10 @@ def test_two_kinds_of_block_with_a_mask_from_the_glue():
 
     torch.manual_seed(2)
     model, x = Stack().eval(), torch.randn(2, 16, 24)
-    arts = _kernels(model, [x], {"layers.0": 3, "layers.2": 1})
+    arts = recipe_kernels(model, [x], {"layers.0": 3, "layers.2": 1})
     opt = apply_blockwise(model, [x], arts)
     assert opt is not None and len(opt._kinds) == 2
-    assert set(opt.counters()) == _block_keys(model, [x], arts) != set()
+    assert set(opt.counters()) == block_keys(model, [x], arts) != set()
     y = torch.randn(2, 16, 24)
     with torch.no_grad():
         torch.testing.assert_close(opt(y), model(y))
@@ -214,7 +127,7 @@ def test_qwen35_runs_its_block_kernels_in_every_layer():
 
     torch.manual_seed(3)
     model, inputs = zoo.build("qwen35", device="cpu", batch=1, layers=4, seq=16)
-    arts = _kernels(model, inputs, {"lm.model.layers.0": 3, "lm.model.layers.3": 1}, limit=8)
+    arts = recipe_kernels(model, inputs, {"lm.model.layers.0": 3, "lm.model.layers.3": 1}, limit=8)
     opt = apply_blockwise(model, inputs, arts)
     assert opt is not None and len(opt._kinds) == 2
     with torch.no_grad():
@@ -225,7 +138,7 @@ def test_qwen35_runs_its_block_kernels_in_every_layer():
     assert opt.block_fallbacks == 0
     # the full-attention layer is called without a mask in eager and with one under export: its attention
     # region's key differs, so a few kernels found on the trace apply to no block (logged); the rest all do
-    missing = _block_keys(model, inputs, arts) - set(opt.counters())
+    missing = block_keys(model, inputs, arts) - set(opt.counters())
     assert len(missing) <= 3, missing
 
 
@@ -233,7 +146,7 @@ def test_qwen35_runs_its_block_kernels_in_every_layer():
 def test_on_the_gpu_the_whole_forward_replays_as_one_cuda_graph_with_block_kernels():
     torch.manual_seed(4)
     model, x = Tower().cuda().eval(), torch.randn(5, 33, 96, device="cuda")
-    arts = _kernels(model, [x])
+    arts = recipe_kernels(model, [x])
     opt = apply_blockwise(model, [x], arts, cuda_graph=True)
     assert opt is not None
     outs = []
@@ -244,7 +157,7 @@ def test_on_the_gpu_the_whole_forward_replays_as_one_cuda_graph_with_block_kerne
         torch.testing.assert_close(got, want)
         outs.append((got, want))
     assert opt._replay is not None and opt.graph_error == ""
-    assert set(opt.counters()) == _block_keys(model, [x], arts) != set()
+    assert set(opt.counters()) == block_keys(model, [x], arts) != set()
     torch.testing.assert_close(*outs[0])  # later replays did not overwrite the first call's output
     assert opt.counters() and all(c.hits >= 1 and not c.fallbacks for c in opt.counters().values())
     assert "forward" not in vars(model.layers[0])
@@ -265,7 +178,7 @@ class MaskWhileCapturing(Twice):
 def test_blocks_called_otherwise_under_cuda_graph_capture_replay_their_kernels():
     torch.manual_seed(6)
     model, x = MaskWhileCapturing().cuda().eval(), torch.randn(5, 33, 96, device="cuda")
-    arts = _kernels(model, [x])
+    arts = recipe_kernels(model, [x])
     opt = apply_blockwise(model, [x], arts, cuda_graph=True)
     assert opt is not None and all(len(f.calls) == 2 for _, f in opt._forwards.values())
     for _ in range(2):
@@ -274,63 +187,6 @@ def test_blocks_called_otherwise_under_cuda_graph_capture_replay_their_kernels()
             torch.testing.assert_close(opt(y), model(y))
     assert opt.cuda_graph and opt.block_fallbacks == 0 and opt.model_fallbacks == 0
     assert opt.counters() and all(c.hits and not c.fallbacks for c in opt.counters().values())
-
-
-@pytest.mark.slow
-def test_optimize_block_wise_measures_block_wise_variants_and_loads_its_result(tmp_path, monkeypatch):
-    import json
-
-    from conftest import MODELS
-
-    import forge
-    from forge.capture.model_input import load_file
-    from forge.cli import main
-    from forge.runtime.blockwise import BlockwiseModule
-
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "report.json"
-    code = main(["optimize", str(MODELS / "stacked_rms_blocks.py"), "--blocks", "--no-inductor", "--seconds", "40",
-                 "--budget", "16", "--db", str(tmp_path / "f.db"), "--json", str(out)])
-    assert code == 0
-    report = json.loads(out.read_text())
-    assert report["outputs_match"] is True
-    variants = [m["variant"] for m in report["variants"]]
-    assert variants and all(v["blocks"] and v["name"].endswith("block-wise") for v in variants)
-    # each ran with every block on its kind's graph and a kernel in it (else the variant fails, with why)
-    assert all(m["match"] and not m["error"] for m in report["variants"])
-    loaded = load_file(MODELS / "stacked_rms_blocks.py")
-    opt = forge.load(tmp_path / report["artifact"], loaded.model, loaded.inputs)
-    x = torch.randn(8, 128, 128)
-    with torch.no_grad():
-        torch.testing.assert_close(opt(x), loaded.model(x), rtol=1e-4, atol=1e-5)
-    if report["applied"]:  # the block-wise result, rebuilt (under forge.load's ForgeModel): its kernels ran in all
-        # four blocks (a branch a noisy machine often skips: eager is kept where the kernels do not win)
-        bw = opt.patched
-        assert isinstance(bw, BlockwiseModule) and bw.block_fallbacks == 0
-        assert all(c.hits % 4 == 0 and c.hits and not c.fallbacks for c in bw.counters().values())
-
-
-def test_a_block_wise_artifact_is_rebuilt_block_wise(tmp_path):
-    import forge
-    from forge.runtime import artifact
-    from forge.runtime.blockwise import BlockwiseModule
-    from forge.runtime.variants import Variant
-
-    torch.manual_seed(5)
-    model, x = Tower().eval(), torch.randn(3, 40, 96)
-    arts = _kernels(model, [x])
-    variant = Variant(True, (), "graph", blocks=True)
-    artifact.save(tmp_path / "a", arts, {"device_model": artifact.device_model("cpu"), "layout": "",
-                                          "variant": variant.to_json()})
-    opt = forge.load(tmp_path / "a", model, [x])
-    assert isinstance(opt.patched, BlockwiseModule)
-    y = torch.randn(3, 40, 96)
-    with torch.no_grad():
-        torch.testing.assert_close(opt(y), model(y))
-    counters = opt.counters()
-    assert counters.pop("model") == Counters(1, Counter())  # one forward, forge's
-    assert counters and all(c.hits == 3 and not c.fallbacks for c in counters.values())
-    assert Variant.parse(variant.to_json()) == variant and variant.name == "kernels, graph, block-wise"
 
 
 class Scaled(torch.nn.Module):
@@ -406,70 +262,3 @@ def test_a_timed_profile_takes_an_expanded_input():
 
     bw = blockwise(Stack2(), [torch.randn(4, 8, 16)], budget_s=0.1)
     assert bw is not None and bw.blocks == {"layers.0": 2} and all(t.ms is not None for t in bw.tasks)
-
-
-def test_without_kernels_or_compilation_nothing_is_measured_and_nothing_applies():
-    from forge.runtime.variants_blocks import choose_blockwise
-
-    best, tried = choose_blockwise(Tower(), [torch.randn(2, 96)], [], "cpu", compile=False)
-    assert not best.ok and tried == [best] and best.error
-
-
-@pytest.mark.slow
-def test_blocks_compiled_once_a_kind_with_and_without_kernels_match_eager():
-    from torch._dynamo.utils import counters
-
-    from forge.runtime.variants import Variant, build
-
-    torch.manual_seed(6)
-    model, x = Tower(n=4).eval(), torch.randn(3, 17, 96)
-    arts = _kernels(model, [x])
-    for variant in (Variant(True, (), "inductor", blocks=True), Variant(False, (), "inductor", blocks=True)):
-        torch._dynamo.reset()
-        counters.clear()
-        fn, opt, sites = build(model, [x], arts, variant, "cpu")
-        assert sites == {"blocks": 4, "kinds": 1}
-        for _ in range(2):
-            y = torch.randn(3, 17, 96)
-            with torch.no_grad():
-                torch.testing.assert_close(fn(y), model(y))
-        # four blocks of one kind: one compilation for all of them, none again on the second forward
-        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-        opt.check_patched(variant.kernels)
-        hits = {c.hits for c in opt.counters().values()}
-        assert hits == ({8} if variant.kernels else set())  # 2 forwards x 4 blocks, inside the compiled graph
-        assert not opt.model_fallbacks and not opt.block_fallbacks
-    assert [v.name for v in (Variant(True, (), "inductor", blocks=True), Variant(False, (), "inductor", blocks=True))] \
-        == ["kernels, inductor, block-wise", "model, inductor, block-wise"]
-    assert not Variant(False, (), "inductor", blocks=True).own_model
-    with pytest.raises(ValueError, match="block-wise"):
-        Variant(False, (), "graph", blocks=True)
-
-
-@pytest.mark.slow
-def test_past_the_finish_only_the_model_itself_is_compiled():
-    import time
-
-    from forge.runtime.variants_blocks import choose_blockwise
-
-    torch.manual_seed(7)
-    best, tried = choose_blockwise(Tower().eval(), [torch.randn(2, 96)], [], "cpu", finish=time.monotonic() - 1)
-    assert [m.variant.name for m in tried] == ["model, inductor"] and best.ok
-
-
-def test_the_model_itself_is_compiled_too_only_where_its_compilation_is_expected_to_fit():
-    import time
-
-    from forge.runtime.variants import Measured, Variant
-    from forge.runtime.variants_blocks import whole_fits
-
-    plain = Variant(False, (), "inductor-cuda-graph", blocks=True)
-    ok = Measured(plain, 130.0, 37.0, True, 0.01, 1.0, {"blocks": 24, "kinds": 2})
-    failed = Measured(plain, 0.0, 0.0, False, float("inf"), None, {}, "RuntimeError: not capturable")
-    now = time.monotonic()
-    # 24 blocks whose kinds compiled in 10 s: about 240 s for the whole model
-    assert not whole_fits([(ok, 10.0)], now + 200) and whole_fits([(ok, 10.0)], now + 300)
-    # judged by the last block-wise compilation that worked (with kernels, where time ran out before the other)
-    assert not whole_fits([(ok, 10.0), (failed, 1.0)], now + 200)
-    # the floor wherever no block-wise compilation worked, or no time is set
-    assert whole_fits([(failed, 30.0)], now + 1) and whole_fits([], now + 1) and whole_fits([(ok, 30.0)], None)

@@ -78,7 +78,7 @@ TRITON_KINDS = {"good": "ok", "torch_call": "forbidden_torch", "other_stream": "
                 "foreign_decorator": "forbidden_code", "decorator_argument_code": "forbidden_code",
                 "default_argument_code": "forbidden_code", "for_target_patch": "forbidden_code"}
 # Kernels of the integer task (class D of issue 13: integer inputs with negatives where the op allows them).
-INT_KINDS = {"good": "ok", "assumes_nonnegative": "wrong_result"}
+INT_KINDS = {"good": "ok", "assumes_nonnegative": "wrong_result", "caches_on_samples": "wrong_result"}
 # Statuses the static checks give before anything is built.
 STATIC = {s.value for s in Status if s.value.startswith("forbidden_")} | {Status.BAD_FORMAT.value}
 # Needs the ATen headers to compile, which only a torch source tree has: the static check is its test.

@@ -114,3 +114,21 @@ def test_no_timed_call_can_be_served_incrementally_from_the_last_one(tmp_path: P
     with Evaluator("cpu", timeout_s=60, cache_dir=tmp_path) as ev:
         r = ev.evaluate(spec, Candidate.from_file(Path(__file__).parent / "kernels" / "mm_few_changed.cpp"))
     assert r.status is Status.OK, f"{r.status}: {r.message}"
+
+
+def test_integer_and_boolean_inputs_get_values_they_held_at_other_positions_every_round():
+    from forge.evaluate.spotcheck import SpotCheck
+
+    gen = torch.Generator().manual_seed(0)
+    idx, mask = torch.randint(0, 16, (64, 33), generator=gen), torch.rand(40, generator=gen) > 0.5
+    scalar = torch.tensor(3)
+    spot = SpotCheck([idx, mask, scalar], (TensorMeta.of(idx),), 10, "cpu", renew=True)  # ints: never drawn anew
+    held, changed = set(idx.unique().tolist()), [0, 0]
+    for timed in (False, True, True, True):
+        before = [idx.clone(), mask.clone()]
+        spot.prepare(timed)
+        for k, (x, b) in enumerate(zip([idx, mask], before, strict=True)):
+            changed[k] += int((x != b).any())
+            assert (x != b).sum() <= 8  # a few elements a round (PERTURBED), not all
+        assert set(idx.unique().tolist()) <= held and scalar.item() == 3  # only values it held: an index stays one
+    assert changed[0] == 4 and changed[1] >= 2

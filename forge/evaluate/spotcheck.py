@@ -4,7 +4,9 @@ A kernel that is right on the calls verification makes and wrong on the others (
 copy after a few calls, drifts a little more every call, or caches its result keyed on a few sampled input
 elements) would be timed doing less than the work. So, before every round (warm-up included):
 - a few input elements at random positions get new values (positions and values from the system's random
-  source), so a result cached on anything less than all of the inputs is stale;
+  source), so a result cached on anything less than all of the inputs is stale; an integer or boolean input's
+  new values are its own, copied from other random positions (an index stays one the verification's sets
+  already held: `forge.evaluate.integers` draws them where the task is defined);
 - some timed calls, drawn at random, are kept: one among the first `min_runs` timed rounds (which always
   happen), later ones with a chance of LATER each; their inputs are copied before the call (outside the
   timed region) and their outputs kept; after timing each kept output is judged against the reference on
@@ -115,27 +117,34 @@ _DRAWN = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}
 
 
 class _Perturbation:
-    """PERTURBED elements of a floating-point input get N(0,1) values every round, at random positions: all
-    rounds' positions and values drawn at once, so that a round costs one indexed write an input (a few
-    microseconds of launch on a GPU, not a dozen small kernels), anew every TURNS rounds. `renew`: all of its
-    elements get N(0,1) values every round, drawn in place."""
+    """PERTURBED elements of an input get new values every round, at random positions: N(0,1) for a
+    floating-point input, for an integer or boolean one values copied from other random positions. All rounds'
+    positions and values drawn at once, so that a round costs one indexed write an input (a few microseconds of
+    launch on a GPU, not a dozen small kernels), anew every TURNS rounds. `renew`: all of a floating-point
+    input's elements get N(0,1) values every round, drawn in place."""
 
     def __init__(self, x: torch.Tensor, gen: torch.Generator, domain: str = "", renew: bool = False) -> None:
         self.flat: torch.Tensor | None = None
-        self.domain, self.renew = domain, renew
+        self.floating = x.is_floating_point()
+        self.domain, self.renew = domain, renew and self.floating  # an integer input is never drawn anew
         span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) if x.numel() else 0
-        if not x.is_floating_point() or x.numel() == 0 or x.dim() == 0 or span != x.numel():
-            return  # an integer input, or one whose elements share memory (expanded): left as it is
+        if x.numel() == 0 or x.dim() == 0 or span != x.numel():
+            return  # a scalar, or an input whose elements share memory (expanded): left as it is
         self.flat, self.gen, self.span = x.as_strided((span,), (1,)), gen, span
-        if not renew:
+        if not self.renew:
             self._draw()
 
     def _draw(self) -> None:
+        """TURNS rounds' positions, and their values: N(0,1) in the domain, or for an integer or boolean input
+        the positions its values are copied from (the module doc)."""
         assert self.flat is not None
         dev, x = self.gen.device, self.flat
         self.index = torch.randint(0, self.span, (TURNS, PERTURBED), generator=self.gen, device=dev).to(x.device)
-        values = into(torch.randn(TURNS, PERTURBED, generator=self.gen, device=dev), self.domain)
-        self.values = values.to(x.device, x.dtype)
+        if self.floating:
+            values = into(torch.randn(TURNS, PERTURBED, generator=self.gen, device=dev), self.domain)
+            self.values = values.to(x.device, x.dtype)
+        else:
+            self.source = torch.randint(0, self.span, (TURNS, PERTURBED), generator=self.gen, device=dev).to(x.device)
 
     def apply(self, turn: int) -> None:
         assert self.flat is not None
@@ -145,7 +154,8 @@ class _Perturbation:
         t = turn % TURNS
         if t == 0 and turn:  # drawn anew every TURNS rounds: states never come back (warm-up runs by time)
             self._draw()
-        self.flat.index_put_((self.index[t],), self.values[t])
+        values = self.values[t] if self.floating else self.flat[self.source[t]]
+        self.flat.index_put_((self.index[t],), values)
 
     def _renew(self) -> None:
         """Every element drawn anew: N(0,1) in place, mapped into the domain."""

@@ -5,8 +5,8 @@ copy after a few calls, drifts a little more every call, or caches its result ke
 elements) would be timed doing less than the work. So, before every round (warm-up included):
 - a few input elements at random positions get new values (positions and values from the system's random
   source), so a result cached on anything less than all of the inputs is stale; an integer or boolean input's
-  new values are its own, copied from other random positions (an index stays one the verification's sets
-  already held: `forge.evaluate.integers` draws them where the task is defined);
+  new values are ones it held at other positions (an index stays one verification drew:
+  forge.evaluate.integers);
 - some timed calls, drawn at random, are kept: one among the first `min_runs` timed rounds (which always
   happen), later ones with a chance of LATER each; their inputs are copied before the call (outside the
   timed region) and their outputs kept; after timing each kept output is judged against the reference on
@@ -17,12 +17,12 @@ the kept inputs' copies are allocated before the first round (every round alloca
 outputs get the address the others get).
 
 A task that does far more arithmetic than it moves bytes (a GEMM, a convolution, attention: the judge decides,
-forge.evaluate.measured.renews) gets all of its floating-point inputs drawn anew every round instead: with 8
-elements changed a round, a kernel that kept the last inputs and result could find what changed and update the
-result at the cost of reading its inputs, right on every call and timed far below the work (for a pointwise or
-reduction task that costs what the work does). A round then costs a draw of all its inputs: on a CPU about what the
-call costs (the judge's cross-check allows a round's cost 1.5x, not the 3x it allows the call:
-forge.evaluate.judge.ROUND_RATIO).
+forge.evaluate.measured.renews) gets all of its inputs drawn anew every round instead (an integer or boolean
+one permuted): with 8 elements changed a round, a kernel that kept the last inputs and result could find what
+changed and update the result at the cost of reading its inputs, right on every call and timed far below the
+work (for a pointwise or reduction task that costs what the work does). A round then costs a draw of all its
+inputs: on a CPU about what the call costs (the judge's cross-check allows a round's cost 1.5x, not the 3x it
+allows the call: forge.evaluate.judge.ROUND_RATIO).
 """
 
 from __future__ import annotations
@@ -114,37 +114,38 @@ def kept_limit(inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) 
 
 TURNS = 512  # rounds of perturbation drawn at once (then drawn anew)
 _DRAWN = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})  # normal_ draws them in place
+_UNINDEXED = frozenset({torch.uint16, torch.uint32, torch.uint64})  # index_put_ has no kernel for them
 
 
 class _Perturbation:
     """PERTURBED elements of an input get new values every round, at random positions: N(0,1) for a
-    floating-point input, for an integer or boolean one values copied from other random positions. All rounds'
+    floating-point input; for another (integer, boolean) values it held at other positions when the timing
+    began, so that an index stays one verification drew and the values never drift to a few. All rounds'
     positions and values drawn at once, so that a round costs one indexed write an input (a few microseconds of
-    launch on a GPU, not a dozen small kernels), anew every TURNS rounds. `renew`: all of a floating-point
-    input's elements get N(0,1) values every round, drawn in place."""
+    launch on a GPU, not a dozen small kernels), anew every TURNS rounds. `renew`: all of its elements get new
+    values every round: N(0,1) drawn in place, or a permutation of the values it held."""
 
     def __init__(self, x: torch.Tensor, gen: torch.Generator, domain: str = "", renew: bool = False) -> None:
         self.flat: torch.Tensor | None = None
-        self.floating = x.is_floating_point()
-        self.domain, self.renew = domain, renew and self.floating  # an integer input is never drawn anew
+        self.floating, self.domain, self.renew = x.is_floating_point(), domain, renew
         span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) if x.numel() else 0
-        if x.numel() == 0 or x.dim() == 0 or span != x.numel():
-            return  # a scalar, or an input whose elements share memory (expanded): left as it is
+        if x.numel() == 0 or x.dim() == 0 or span != x.numel() or x.dtype in _UNINDEXED:
+            return  # a scalar, an input whose elements share memory (expanded), or one index_put_ cannot write
         self.flat, self.gen, self.span = x.as_strided((span,), (1,)), gen, span
-        if not self.renew:
+        self.held = None if self.floating else self.flat.clone()
+        if not renew:
             self._draw()
 
     def _draw(self) -> None:
-        """TURNS rounds' positions, and their values: N(0,1) in the domain, or for an integer or boolean input
-        the positions its values are copied from (the module doc)."""
         assert self.flat is not None
         dev, x = self.gen.device, self.flat
         self.index = torch.randint(0, self.span, (TURNS, PERTURBED), generator=self.gen, device=dev).to(x.device)
-        if self.floating:
+        if self.held is None:
             values = into(torch.randn(TURNS, PERTURBED, generator=self.gen, device=dev), self.domain)
-            self.values = values.to(x.device, x.dtype)
         else:
-            self.source = torch.randint(0, self.span, (TURNS, PERTURBED), generator=self.gen, device=dev).to(x.device)
+            source = torch.randint(0, self.span, (TURNS, PERTURBED), generator=self.gen, device=dev)
+            values = self.held[source.to(x.device)]
+        self.values = values.to(x.device, x.dtype)
 
     def apply(self, turn: int) -> None:
         assert self.flat is not None
@@ -154,14 +155,16 @@ class _Perturbation:
         t = turn % TURNS
         if t == 0 and turn:  # drawn anew every TURNS rounds: states never come back (warm-up runs by time)
             self._draw()
-        values = self.values[t] if self.floating else self.flat[self.source[t]]
-        self.flat.index_put_((self.index[t],), values)
+        self.flat.index_put_((self.index[t],), self.values[t])
 
     def _renew(self) -> None:
-        """Every element drawn anew: N(0,1) in place, mapped into the domain."""
+        """Every element anew: N(0,1) in place, mapped into the domain; or a permutation of the values held."""
         flat = self.flat
         assert flat is not None
-        if flat.device == self.gen.device and flat.dtype in _DRAWN:
+        if self.held is not None:
+            perm = torch.randperm(self.span, generator=self.gen, device=self.gen.device)
+            flat.copy_(self.held[perm.to(flat.device)])
+        elif flat.device == self.gen.device and flat.dtype in _DRAWN:
             flat.normal_(generator=self.gen)
             if self.domain:
                 flat.copy_(into(flat, self.domain))

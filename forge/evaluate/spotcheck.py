@@ -50,8 +50,8 @@ class SpotCheck:
                  device: str, domains: dict[int, str] | None = None, renew: bool = False) -> None:
         """`sure_rounds`: how many timed rounds the timing makes at least (the first kept calls are among
         them); `domains`: the inputs whose new values stay in a domain (forge.evaluate.domains); `renew`:
-        every round draws all floating-point inputs anew (forge.evaluate.measured.renews), not only a few
-        elements."""
+        every round draws all floating-point inputs anew and permutes the others (forge.evaluate.measured.renews),
+        not only a few elements."""
         self.inputs, self.outputs, self.device = inputs, outputs, device
         self.limit = kept_limit(tuple(TensorMeta.of(x) for x in inputs), outputs)
         rounds = max(sure_rounds, 1)
@@ -127,12 +127,12 @@ class _Perturbation:
 
     def __init__(self, x: torch.Tensor, gen: torch.Generator, domain: str = "", renew: bool = False) -> None:
         self.flat: torch.Tensor | None = None
-        self.floating, self.domain, self.renew = x.is_floating_point(), domain, renew
+        self.domain, self.renew = domain, renew
         span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) if x.numel() else 0
         if x.numel() == 0 or x.dim() == 0 or span != x.numel() or x.dtype in _UNINDEXED:
             return  # a scalar, an input whose elements share memory (expanded), or one index_put_ cannot write
         self.flat, self.gen, self.span = x.as_strided((span,), (1,)), gen, span
-        self.held = None if self.floating else self.flat.clone()
+        self.held = None if x.is_floating_point() else self.flat.clone()  # an integer or boolean input's values
         if not renew:
             self._draw()
 
